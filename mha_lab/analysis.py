@@ -1,0 +1,153 @@
+"""FLOPs, memory and KV-cache sizes of attention, and the configurations of real models.
+
+Conventions: a multiply-add is 2 FLOPs; softmax costs 5 FLOPs per score element by default
+(subtract max, exp, sum, divide, plus the scale: the convention of the deep-dive seed).
+Another convention, 4 for softmax plus 2 for scale and mask, is ``softmax_flops=6``.
+Bytes are bytes; the helpers ``gib``/``gb`` convert with 2**30 and 10**9 respectively.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = [
+    "flops_breakdown", "count_flops", "memory_breakdown", "count_memory_bytes", "dtype_bytes",
+    "ModelConfig", "MODEL_CONFIGS", "kv_cache_bytes", "gib", "gb",
+]
+
+_EXTRA_DTYPES = {"bfloat16": 2, "bf16": 2, "fp16": 2, "fp32": 4, "fp64": 8, "fp8": 1, "float8": 1}
+
+
+def dtype_bytes(dtype) -> int:
+    """Bytes per element of a NumPy dtype, a torch dtype or a name such as "float16" or "bfloat16"."""
+    name = str(dtype).removeprefix("torch.")
+    if name in _EXTRA_DTYPES:
+        return _EXTRA_DTYPES[name]
+    try:
+        return np.dtype(name).itemsize
+    except TypeError:
+        raise ValueError(f"unknown dtype {dtype!r}") from None
+
+
+def _check_dims(seq_len: int, d_model: int, n_heads: int, n_kv_heads: int) -> int:
+    if d_model % n_heads:
+        raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
+    if n_heads % n_kv_heads:
+        raise ValueError(f"n_heads={n_heads} is not divisible by n_kv_heads={n_kv_heads}")
+    if seq_len < 1:
+        raise ValueError(f"seq_len must be positive, got {seq_len}")
+    return d_model // n_heads
+
+
+def flops_breakdown(batch_size: int, seq_len: int, d_model: int, n_heads: int,
+                    n_kv_heads: int | None = None, softmax_flops: int = 5) -> dict[str, int]:
+    r"""Forward FLOPs of one attention layer, by component.
+
+    ======== =========================== =====================
+    proj_q   :math:`2BLd^2`              Q projection
+    proj_kv  :math:`2 \cdot 2BLd\,(g d_k)` K and V (g = n_kv_heads)
+    qk       :math:`2BhL^2d_k`           scores, = :math:`2BL^2d`
+    softmax  :math:`c\,BhL^2`            c = softmax_flops
+    av       :math:`2BhL^2d_k`           weighted values
+    proj_o   :math:`2BLd^2`              output projection
+    ======== =========================== =====================
+    """
+    B, L, d, h = batch_size, seq_len, d_model, n_heads
+    g = n_heads if n_kv_heads is None else n_kv_heads
+    d_k = _check_dims(L, d, h, g)
+    return {
+        "proj_q": 2 * B * L * d * d,
+        "proj_kv": 2 * 2 * B * L * d * (g * d_k),
+        "qk": 2 * B * h * L * L * d_k,
+        "softmax": softmax_flops * B * h * L * L,
+        "av": 2 * B * h * L * L * d_k,
+        "proj_o": 2 * B * L * d * d,
+    }
+
+
+def count_flops(batch_size: int, seq_len: int, d_model: int, n_heads: int,
+                n_kv_heads: int | None = None, softmax_flops: int = 5) -> int:
+    r"""Total forward FLOPs: :math:`8BLd^2 + 4BL^2d + 5BhL^2` for MHA (the sum of ``flops_breakdown``)."""
+    return sum(flops_breakdown(batch_size, seq_len, d_model, n_heads, n_kv_heads, softmax_flops).values())
+
+
+def memory_breakdown(batch_size: int, seq_len: int, d_model: int, n_heads: int, dtype="float64",
+                     n_kv_heads: int | None = None) -> dict[str, int]:
+    r"""Bytes of the forward's intermediates that the backward needs, by tensor.
+
+    Q: :math:`BLd`; K, V: :math:`2BL g d_k`; attention weights A: :math:`BhL^2`;
+    per-head outputs: :math:`BLd`; merged heads (concat): :math:`BLd`; times the element size.
+    """
+    B, L, d, h = batch_size, seq_len, d_model, n_heads
+    g = n_heads if n_kv_heads is None else n_kv_heads
+    d_k = _check_dims(L, d, h, g)
+    size = dtype_bytes(dtype)
+    return {
+        "q": B * L * d * size,
+        "kv": 2 * B * L * g * d_k * size,
+        "attention_weights": B * h * L * L * size,
+        "head_outputs": B * L * d * size,
+        "concat": B * L * d * size,
+    }
+
+
+def count_memory_bytes(batch_size: int, seq_len: int, d_model: int, n_heads: int, dtype="float64",
+                       n_kv_heads: int | None = None) -> int:
+    r"""Bytes of intermediates a fused forward keeps for backward: :math:`(5BLd + BhL^2)` elements for MHA."""
+    return sum(memory_breakdown(batch_size, seq_len, d_model, n_heads, dtype, n_kv_heads).values())
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The attention shape of a model: enough to size its FLOPs and its KV cache."""
+
+    name: str
+    n_layers: int
+    d_model: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    sliding_window: int | None = None
+
+    @property
+    def kind(self) -> str:
+        """ "MHA", "MQA" or "GQA" from the ratio of query to key/value heads."""
+        if self.n_kv_heads == self.n_heads:
+            return "MHA"
+        return "MQA" if self.n_kv_heads == 1 else "GQA"
+
+
+MODEL_CONFIGS: dict[str, ModelConfig] = {c.name: c for c in [
+    ModelConfig("GPT-2 small", n_layers=12, d_model=768, n_heads=12, n_kv_heads=12, head_dim=64),
+    ModelConfig("GPT-2 XL", n_layers=48, d_model=1600, n_heads=25, n_kv_heads=25, head_dim=64),
+    ModelConfig("GPT-3 175B", n_layers=96, d_model=12288, n_heads=96, n_kv_heads=96, head_dim=128),
+    ModelConfig("Llama-2-7B", n_layers=32, d_model=4096, n_heads=32, n_kv_heads=32, head_dim=128),
+    ModelConfig("Llama-2-70B", n_layers=80, d_model=8192, n_heads=64, n_kv_heads=8, head_dim=128),
+    ModelConfig("Llama-3-8B", n_layers=32, d_model=4096, n_heads=32, n_kv_heads=8, head_dim=128),
+    ModelConfig("Mistral-7B", n_layers=32, d_model=4096, n_heads=32, n_kv_heads=8, head_dim=128,
+                sliding_window=4096),
+]}
+
+
+def kv_cache_bytes(config: ModelConfig, seq_len: int, batch_size: int = 1, dtype="float16") -> int:
+    r"""Bytes of the key/value cache: :math:`2 \cdot n_{layers} \cdot g \cdot d_k \cdot L \cdot B` elements.
+
+    The leading 2 is one K and one V per layer. A model with a sliding window keeps at most
+    ``sliding_window`` positions (a rolling buffer), so its cache stops growing there.
+    """
+    if seq_len < 0 or batch_size < 1:
+        raise ValueError(f"seq_len must be >= 0 and batch_size >= 1, got {seq_len} and {batch_size}")
+    positions = seq_len if config.sliding_window is None else min(seq_len, config.sliding_window)
+    return 2 * config.n_layers * config.n_kv_heads * config.head_dim * positions * batch_size * dtype_bytes(dtype)
+
+
+def gib(n_bytes: float) -> float:
+    """Bytes to GiB (2**30 bytes)."""
+    return n_bytes / 2**30
+
+
+def gb(n_bytes: float) -> float:
+    """Bytes to GB (10**9 bytes)."""
+    return n_bytes / 1e9

@@ -1,0 +1,20 @@
+"""NumPy reference implementation of multi-head attention (float64 by default)."""
+
+from mha_lab.cpu.attention import GroupedQueryAttention, MultiHeadAttention, SelfAttention
+from mha_lab.cpu.functional import (
+    create_causal_mask,
+    merge_heads,
+    repeat_kv,
+    scaled_dot_product_attention,
+    softmax,
+    softmax_backward,
+    split_heads,
+)
+from mha_lab.cpu.memory import chunked_attention, head_by_head_forward
+from mha_lab.cpu.per_head import per_head_attention
+
+__all__ = [
+    "softmax", "softmax_backward", "create_causal_mask", "split_heads", "merge_heads", "repeat_kv",
+    "scaled_dot_product_attention", "SelfAttention", "MultiHeadAttention", "GroupedQueryAttention",
+    "per_head_attention", "head_by_head_forward", "chunked_attention",
+]

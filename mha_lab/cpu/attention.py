@@ -1,0 +1,241 @@
+"""Attention layers in NumPy with hand-written backward passes.
+
+``SelfAttention`` is the single-head layer, written with 3-D tensors and no head axis.
+``GroupedQueryAttention`` is the general layer: ``num_heads`` query heads share
+``num_kv_heads`` key/value heads. ``MultiHeadAttention`` is its special case
+``num_kv_heads == num_heads``, and MQA is ``num_kv_heads == 1``.
+
+Weights follow ``y = X @ W + b``: a projection matrix has shape (in_features, out_features).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mha_lab.cpu.functional import (
+    check_mask,
+    check_rank,
+    merge_heads,
+    repeat_kv,
+    softmax,
+    softmax_backward,
+    split_heads,
+)
+
+__all__ = ["SelfAttention", "MultiHeadAttention", "GroupedQueryAttention"]
+
+
+def xavier_normal(rng: np.random.Generator, fan_in: int, fan_out: int, dtype: np.dtype) -> np.ndarray:
+    r"""Xavier/Glorot normal init: :math:`W \sim \mathcal{N}(0, \sigma^2)`, :math:`\sigma = \sqrt{2 / (n_{in} + n_{out})}`."""
+    return rng.normal(0.0, np.sqrt(2.0 / (fan_in + fan_out)), size=(fan_in, fan_out)).astype(dtype)
+
+
+class _Linear:
+    """Shared parameter bookkeeping: Xavier weights, optional zero biases, gradient slots."""
+
+    _names: tuple[str, ...] = ("Q", "K", "V", "O")
+
+    def _init_params(self, shapes: dict[str, tuple[int, int]], use_bias: bool, seed: int | None, dtype) -> None:
+        rng = np.random.default_rng(seed)
+        self.use_bias = use_bias
+        self.dtype = np.dtype(dtype)
+        for n in self._names:
+            fan_in, fan_out = shapes[n]
+            setattr(self, f"W_{n}", xavier_normal(rng, fan_in, fan_out, self.dtype))
+            if use_bias:
+                setattr(self, f"b_{n}", np.zeros(fan_out, dtype=self.dtype))
+        self._cache: dict | None = None
+
+    def parameters(self) -> dict[str, np.ndarray]:
+        """The trainable arrays by name: W_Q, W_K, W_V, W_O and, with bias, b_Q ... b_O."""
+        names = [f"W_{n}" for n in self._names]
+        if self.use_bias:
+            names += [f"b_{n}" for n in self._names]
+        return {n: getattr(self, n) for n in names}
+
+    def gradients(self) -> dict[str, np.ndarray]:
+        """The gradients of the last backward, keyed like ``parameters()``."""
+        return {n: getattr(self, f"grad_{n}") for n in self.parameters()}
+
+    def _project(self, X: np.ndarray, n: str) -> np.ndarray:
+        y = X @ getattr(self, f"W_{n}")
+        if self.use_bias:
+            y += getattr(self, f"b_{n}")
+        return y
+
+    def _project_backward(self, X: np.ndarray, grad_y: np.ndarray, n: str) -> np.ndarray:
+        """Store grad_W_n = X^T grad_y (summed over B, L) and grad_b_n; return grad_X = grad_y W_n^T."""
+        W = getattr(self, f"W_{n}")
+        setattr(self, f"grad_W_{n}", X.reshape(-1, X.shape[-1]).T @ grad_y.reshape(-1, grad_y.shape[-1]))
+        if self.use_bias:
+            setattr(self, f"grad_b_{n}", grad_y.sum(axis=(0, 1)))
+        return grad_y @ W.T
+
+    def _check_input(self, X: np.ndarray) -> np.ndarray:
+        check_rank("X", X, 3, "(B, L, d_model)")
+        if X.shape[-1] != self.d_model:
+            raise ValueError(f"X has d_model={X.shape[-1]} but the layer expects d_model={self.d_model}")
+        return np.asarray(X, dtype=self.dtype)
+
+    def _cached(self) -> dict:
+        if self._cache is None:
+            raise RuntimeError("backward() called before forward(): nothing is cached")
+        return self._cache
+
+
+class SelfAttention(_Linear):
+    r"""Single-head self-attention on (B, L, d_model) inputs, with no head axis at all.
+
+    .. math:: \mathrm{out} = \mathrm{softmax}\Big(\frac{(XW_Q)(XW_K)^\top}{\sqrt{d_k}} + M\Big)(XW_V)\,W_O
+
+    Shapes: W_Q, W_K: (d_model, d_k); W_V: (d_model, d_v); W_O: (d_v, d_out).
+    """
+
+    def __init__(self, d_model: int, d_k: int, d_v: int, d_out: int, use_bias: bool = False,
+                 seed: int | None = None, dtype=np.float64) -> None:
+        self.d_model, self.d_k, self.d_v, self.d_out = d_model, d_k, d_v, d_out
+        shapes = {"Q": (d_model, d_k), "K": (d_model, d_k), "V": (d_model, d_v), "O": (d_v, d_out)}
+        self._init_params(shapes, use_bias, seed, dtype)
+
+    def forward(self, X: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
+        """(B, L, d_model) -> (B, L, d_out); ``mask`` is additive, broadcastable to (B, L, L)."""
+        X = self._check_input(X)
+        Q, K, V = (self._project(X, n) for n in "QKV")  # (B, L, d_k), (B, L, d_k), (B, L, d_v)
+        S = Q @ K.transpose(0, 2, 1) / np.sqrt(self.d_k)  # (B, L, L)
+        if mask is not None:
+            if mask.ndim == 4 and mask.shape[:2] == (1, 1):
+                mask = mask[0, 0]  # (1, 1, L, L) -> (L, L): there is no head axis here
+            check_mask(mask, S.shape)
+            S = S + mask
+        A = softmax(S)  # (B, L, L)
+        Z = A @ V  # (B, L, d_v)
+        self.attention_weights = A
+        self._cache = {"X": X, "Q": Q, "K": K, "V": V, "A": A, "Z": Z}
+        return self._project(Z, "O")
+
+    def backward(self, grad_out: np.ndarray) -> np.ndarray:
+        """Store grad_W_* (and grad_b_*) and return dL/dX of shape (B, L, d_model)."""
+        c = self._cached()
+        grad_Z = self._project_backward(c["Z"], grad_out, "O")
+        grad_A = grad_Z @ c["V"].transpose(0, 2, 1)
+        grad_V = c["A"].transpose(0, 2, 1) @ grad_Z
+        grad_S = softmax_backward(c["A"], grad_A) / np.sqrt(self.d_k)
+        grad_Q = grad_S @ c["K"]
+        grad_K = grad_S.transpose(0, 2, 1) @ c["Q"]
+        return sum(self._project_backward(c["X"], g, n) for g, n in ((grad_Q, "Q"), (grad_K, "K"), (grad_V, "V")))
+
+
+class GroupedQueryAttention(_Linear):
+    r"""Grouped-query attention: ``num_heads`` query heads share ``num_kv_heads`` K/V heads.
+
+    Query head ``i`` reads K/V head ``i // (num_heads // num_kv_heads)``.
+    ``num_kv_heads == num_heads`` is multi-head attention; ``num_kv_heads == 1`` is MQA.
+
+    .. math:: \mathrm{head}_i = \mathrm{softmax}\Big(\frac{Q_i K_{g(i)}^\top}{\sqrt{d_k}} + M\Big) V_{g(i)},
+              \qquad \mathrm{out} = [\mathrm{head}_1, \dots, \mathrm{head}_h]\, W_O
+
+    Shapes: W_Q, W_O: (d_model, d_model); W_K, W_V: (d_model, num_kv_heads * d_k);
+    d_k = d_model // num_heads.
+    """
+
+    def __init__(self, d_model: int, num_heads: int, num_kv_heads: int, use_bias: bool = False,
+                 seed: int | None = None, dtype=np.float64) -> None:
+        if num_heads < 1 or num_kv_heads < 1:
+            raise ValueError(f"num_heads and num_kv_heads must be positive, got {num_heads} and {num_kv_heads}")
+        if d_model % num_heads:
+            raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}")
+        if num_heads % num_kv_heads:
+            raise ValueError(f"num_heads={num_heads} is not divisible by num_kv_heads={num_kv_heads}")
+        self.d_model, self.num_heads, self.num_kv_heads = d_model, num_heads, num_kv_heads
+        self.d_k = d_model // num_heads
+        self.n_rep = num_heads // num_kv_heads  # query heads per K/V head
+        d_kv = num_kv_heads * self.d_k
+        shapes = {"Q": (d_model, d_model), "K": (d_model, d_kv), "V": (d_model, d_kv), "O": (d_model, d_model)}
+        self._init_params(shapes, use_bias, seed, dtype)
+
+    def forward(self, X: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
+        """(B, L, d_model) -> (B, L, d_model); ``mask`` is additive, broadcastable to (B, h, L, L)."""
+        X = self._check_input(X)
+        B, L, _ = X.shape
+        # 1. project: three fused GEMMs
+        Q = split_heads(self._project(X, "Q"), self.num_heads)  # (B, L, d_model) -> (B, h, L, d_k)
+        K = split_heads(self._project(X, "K"), self.num_kv_heads)  # (B, L, h_kv*d_k) -> (B, h_kv, L, d_k)
+        V = split_heads(self._project(X, "V"), self.num_kv_heads)  # (B, L, h_kv*d_k) -> (B, h_kv, L, d_k)
+        # 2. share each K/V head with its group of query heads (a no-op for MHA)
+        K_rep, V_rep = repeat_kv(K, self.n_rep), repeat_kv(V, self.n_rep)  # -> (B, h, L, d_k)
+        # 3. scores, batched over B and h
+        S = Q @ K_rep.transpose(0, 1, 3, 2)  # (B, h, L, d_k) @ (B, h, d_k, L) -> (B, h, L, L)
+        S *= 1.0 / np.sqrt(self.d_k)
+        # 4. mask and softmax, in place
+        if mask is not None:
+            check_mask(mask, S.shape)
+            S += mask
+        A = softmax(S, axis=-1, out=S)  # (B, h, L, L)
+        # 5. weight the values
+        Z = A @ V_rep  # (B, h, L, L) @ (B, h, L, d_k) -> (B, h, L, d_k)
+        # 6. merge heads
+        concat = merge_heads(Z)  # (B, h, L, d_k) -> (B, L, d_model)
+        # 7. output projection
+        out = self._project(concat, "O")
+        self.attention_weights = A
+        self._cache = {"X": X, "Q": Q, "K_rep": K_rep, "V_rep": V_rep, "A": A, "concat": concat}
+        return out
+
+    @property
+    def head_attention_weights(self) -> list[np.ndarray]:
+        """The last forward's attention as a list of h matrices of shape (B, L, L), for plotting."""
+        return [self.attention_weights[:, i] for i in range(self.num_heads)]
+
+    def _sum_groups(self, g: np.ndarray) -> np.ndarray:
+        """Backward of repeat_kv: add up the gradients of the query heads that shared a K/V head."""
+        if self.n_rep == 1:
+            return g
+        B, _, L, d = g.shape
+        # (B, h, L, d) -> (B, h_kv, n_rep, L, d) -> (B, h_kv, L, d)
+        return g.reshape(B, self.num_kv_heads, self.n_rep, L, d).sum(axis=2)
+
+    def backward(self, grad_out: np.ndarray) -> np.ndarray:
+        """The seven steps of the chain rule, in reverse order of the forward.
+
+        Stores grad_W_Q, grad_W_K, grad_W_V, grad_W_O (and grad_b_* with bias);
+        returns dL/dX of shape (B, L, d_model), the sum of the Q, K and V branches.
+        """
+        c = self._cached()
+        if grad_out.shape != c["X"].shape:
+            raise ValueError(f"grad_out has shape {grad_out.shape}, expected {c['X'].shape}")
+        A = c["A"]
+        # step 1: output projection -> grad_W_O, grad_concat
+        grad_concat = self._project_backward(c["concat"], grad_out, "O")  # (B, L, d_model)
+        # step 2: head merge -> (B, L, d_model) -> (B, h, L, d_k)
+        grad_Z = split_heads(grad_concat, self.num_heads)
+        # step 3: Z = A V -> grad_A, grad_V
+        grad_A = grad_Z @ c["V_rep"].transpose(0, 1, 3, 2)  # (B, h, L, L)
+        grad_V = A.transpose(0, 1, 3, 2) @ grad_Z  # (B, h, L, d_k)
+        # step 4: softmax (masked positions have A = 0, so their gradient is 0)
+        grad_S = softmax_backward(A, grad_A)  # (B, h, L, L)
+        # step 5: scale and Q K^T -> grad_Q, grad_K
+        grad_S *= 1.0 / np.sqrt(self.d_k)
+        grad_Q = grad_S @ c["K_rep"]  # (B, h, L, d_k)
+        grad_K = grad_S.transpose(0, 1, 3, 2) @ c["Q"]  # (B, h, L, d_k)
+        grad_K, grad_V = self._sum_groups(grad_K), self._sum_groups(grad_V)  # -> (B, h_kv, L, d_k)
+        # step 6: head split -> (B, h, L, d_k) -> (B, L, h*d_k)
+        grads = {"Q": merge_heads(grad_Q), "K": merge_heads(grad_K), "V": merge_heads(grad_V)}
+        # step 7: projections -> grad_W_Q/K/V; X fed all three, so its gradient is the sum
+        X = c["X"]
+        return sum(self._project_backward(X, grads[n], n) for n in "QKV")
+
+
+class MultiHeadAttention(GroupedQueryAttention):
+    r"""Multi-head attention with fused projections: every head has its own K and V.
+
+    .. math:: \mathrm{MultiHead}(X) = \mathrm{Concat}(\mathrm{head}_1, \dots, \mathrm{head}_h)\, W_O,
+              \quad \mathrm{head}_i = \mathrm{softmax}\Big(\frac{Q_i K_i^\top}{\sqrt{d_k}} + M\Big) V_i
+
+    Columns ``i*d_k:(i+1)*d_k`` of W_Q, W_K, W_V are head i's projections;
+    rows ``i*d_k:(i+1)*d_k`` of W_O read head i's output.
+    Shapes: X: (B, L, d_model) -> out: (B, L, d_model); attention_weights: (B, h, L, L).
+    """
+
+    def __init__(self, d_model: int, num_heads: int, use_bias: bool = False, seed: int | None = None,
+                 dtype=np.float64) -> None:
+        super().__init__(d_model, num_heads, num_heads, use_bias=use_bias, seed=seed, dtype=dtype)

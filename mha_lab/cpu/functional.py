@@ -1,0 +1,156 @@
+"""The building blocks of attention in NumPy: softmax, masks, head split/merge, the core.
+
+Every function works on float arrays of any floating dtype (float64 is the reference) and
+broadcasts over leading batch dimensions. Shapes use B (batch), h (heads), L (sequence),
+d_k (head size) and d_model = h * d_k.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = [
+    "softmax",
+    "softmax_backward",
+    "create_causal_mask",
+    "split_heads",
+    "merge_heads",
+    "repeat_kv",
+    "scaled_dot_product_attention",
+]
+
+
+def check_rank(name: str, x: np.ndarray, rank: int, shape_doc: str) -> None:
+    """Raise ValueError unless ``x`` is an ndarray of the given rank."""
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"{name} must be a numpy.ndarray of shape {shape_doc}, got {type(x).__name__}")
+    if x.ndim != rank:
+        raise ValueError(f"{name} must have rank {rank} {shape_doc}, got shape {x.shape}")
+
+
+def check_mask(mask: np.ndarray | None, target_shape: tuple[int, ...]) -> None:
+    """Raise ValueError unless the additive ``mask`` broadcasts to ``target_shape`` (B, h, Lq, Lk)."""
+    if mask is None:
+        return
+    if not isinstance(mask, np.ndarray):
+        raise TypeError(f"mask must be a numpy.ndarray, got {type(mask).__name__}")
+    if mask.dtype == np.bool_:
+        raise TypeError(
+            "mask is boolean; the NumPy path takes an additive float mask "
+            "(0 where attention is allowed, -inf where it is not), e.g. create_causal_mask(L)"
+        )
+    try:
+        broadcast = np.broadcast_shapes(mask.shape, target_shape)
+    except ValueError:
+        broadcast = None
+    if broadcast != tuple(target_shape):
+        raise ValueError(
+            f"mask of shape {mask.shape} does not broadcast to the scores' shape {tuple(target_shape)}"
+            " (B, h, L_q, L_k); a causal mask has shape (1, 1, L, L)"
+        )
+
+
+def softmax(x: np.ndarray, axis: int = -1, out: np.ndarray | None = None) -> np.ndarray:
+    r"""Numerically stable softmax along ``axis``.
+
+    .. math:: \mathrm{softmax}(x)_j = \frac{e^{x_j - m}}{\sum_k e^{x_k - m}}, \quad m = \max_k x_k
+
+    Subtracting the row maximum leaves the result unchanged and keeps ``exp`` from
+    overflowing. ``out`` may be ``x`` itself to work in place (no extra L x L buffer).
+    A row whose entries are all ``-inf`` (fully masked) raises ValueError instead of
+    returning NaN.
+    """
+    m = np.max(x, axis=axis, keepdims=True)
+    if np.isneginf(m).any():
+        raise ValueError(
+            "softmax: a row is fully masked (every score is -inf), so no position can be "
+            "attended to; check the mask (is it inverted?)"
+        )
+    out = np.subtract(x, m, out=out)
+    np.exp(out, out=out)
+    out /= np.sum(out, axis=axis, keepdims=True)
+    return out
+
+
+def softmax_backward(A: np.ndarray, grad_A: np.ndarray, axis: int = -1) -> np.ndarray:
+    r"""Gradient of the loss with respect to the softmax input, given ``A = softmax(S)``.
+
+    .. math:: \frac{\partial \mathcal{L}}{\partial S} = A \odot \Big(\frac{\partial \mathcal{L}}{\partial A}
+              - \operatorname{rowsum}\big(\frac{\partial \mathcal{L}}{\partial A} \odot A\big)\Big)
+
+    Masked positions have ``A == 0`` and therefore get zero gradient with no special case.
+    """
+    row_dot = np.sum(grad_A * A, axis=axis, keepdims=True)  # (..., L, 1)
+    return A * (grad_A - row_dot)
+
+
+def create_causal_mask(seq_len: int, dtype: np.dtype | type = np.float64) -> np.ndarray:
+    """Additive causal mask of shape (1, 1, L, L): 0 on and below the diagonal, -inf above.
+
+    The two leading ones broadcast over batch and heads: every head obeys the same causality.
+    """
+    if seq_len < 1:
+        raise ValueError(f"seq_len must be at least 1, got {seq_len}")
+    mask = np.zeros((seq_len, seq_len), dtype=dtype)
+    mask[np.triu_indices(seq_len, k=1)] = -np.inf
+    return mask.reshape(1, 1, seq_len, seq_len)  # (L, L) -> (1, 1, L, L)
+
+
+def split_heads(x: np.ndarray, num_heads: int) -> np.ndarray:
+    """Split the feature axis into heads: (B, L, h * d_k) -> (B, h, L, d_k), a strided view."""
+    check_rank("x", x, 3, "(B, L, d_model)")
+    B, L, d = x.shape
+    if d % num_heads:
+        raise ValueError(f"feature size {d} is not divisible by num_heads={num_heads}")
+    # (B, L, d_model) -> (B, L, h, d_k) -> (B, h, L, d_k)
+    return x.reshape(B, L, num_heads, d // num_heads).transpose(0, 2, 1, 3)
+
+
+def merge_heads(x: np.ndarray) -> np.ndarray:
+    """Inverse of split_heads: (B, h, L, d_k) -> (B, L, h * d_k); copies when x is a strided view."""
+    check_rank("x", x, 4, "(B, h, L, d_k)")
+    B, h, L, d_k = x.shape
+    # (B, h, L, d_k) -> (B, L, h, d_k) -> (B, L, h * d_k)
+    return x.transpose(0, 2, 1, 3).reshape(B, L, h * d_k)
+
+
+def repeat_kv(x: np.ndarray, n_rep: int) -> np.ndarray:
+    """Repeat each key/value head ``n_rep`` times: (B, h_kv, L, d) -> (B, h_kv * n_rep, L, d).
+
+    Equivalent to ``np.repeat(x, n_rep, axis=1)`` (torch's ``repeat_interleave``): query head
+    ``i`` reads KV head ``i // n_rep``. ``np.tile`` (torch's ``repeat``) would pair heads wrongly.
+    """
+    check_rank("x", x, 4, "(B, h_kv, L, d)")
+    if n_rep == 1:
+        return x
+    B, h_kv, L, d = x.shape
+    # (B, h_kv, L, d) -> (B, h_kv, n_rep, L, d) -> (B, h_kv * n_rep, L, d)
+    return np.broadcast_to(x[:, :, None], (B, h_kv, n_rep, L, d)).reshape(B, h_kv * n_rep, L, d)
+
+
+def scaled_dot_product_attention(
+    Q: np.ndarray, K: np.ndarray, V: np.ndarray, mask: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    r"""Attention for every (batch, head) pair at once; returns ``(output, weights)``.
+
+    .. math:: \mathrm{Attention}(Q, K, V) = \mathrm{softmax}\Big(\frac{QK^\top}{\sqrt{d_k}} + M\Big) V
+
+    Shapes:
+        Q: (..., L_q, d_k), K: (..., L_k, d_k), V: (..., L_k, d_v)
+        mask: additive, broadcastable to (..., L_q, L_k)
+        output: (..., L_q, d_v), weights: (..., L_q, L_k)
+    """
+    for name, t in (("Q", Q), ("K", K), ("V", V)):
+        if not isinstance(t, np.ndarray) or t.ndim < 2:
+            raise ValueError(f"{name} must be an ndarray of rank >= 2 (..., L, d), got {getattr(t, 'shape', t)}")
+    if Q.shape[-1] != K.shape[-1]:
+        raise ValueError(f"Q and K head sizes differ: {Q.shape[-1]} vs {K.shape[-1]}")
+    if K.shape[-2] != V.shape[-2]:
+        raise ValueError(f"K and V lengths differ: {K.shape[-2]} vs {V.shape[-2]}")
+    scores = Q @ np.swapaxes(K, -1, -2)  # (..., L_q, d_k) @ (..., d_k, L_k) -> (..., L_q, L_k)
+    scores *= 1.0 / np.sqrt(Q.shape[-1])
+    if mask is not None:
+        check_mask(mask, scores.shape)
+        scores += mask
+    weights = softmax(scores, axis=-1, out=scores)  # in place: one (L_q, L_k) buffer per head
+    return weights @ V, weights
