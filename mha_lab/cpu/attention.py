@@ -26,7 +26,10 @@ __all__ = ["SelfAttention", "MultiHeadAttention", "GroupedQueryAttention"]
 
 
 def xavier_normal(rng: np.random.Generator, fan_in: int, fan_out: int, dtype: np.dtype) -> np.ndarray:
-    r"""Xavier/Glorot normal init: :math:`W \sim \mathcal{N}(0, \sigma^2)`, :math:`\sigma = \sqrt{2 / (n_{in} + n_{out})}`."""
+    r"""Xavier/Glorot normal init.
+
+    .. math:: W \sim \mathcal{N}(0, \sigma^2), \quad \sigma = \sqrt{2 / (n_{in} + n_{out})}
+    """
     return rng.normal(0.0, np.sqrt(2.0 / (fan_in + fan_out)), size=(fan_in, fan_out)).astype(dtype)
 
 
