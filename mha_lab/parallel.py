@@ -1,0 +1,127 @@
+r"""Tensor parallelism over heads (Megatron-LM), simulated in NumPy on N pretend devices.
+
+Device r owns a contiguous block of query heads. W_Q, W_K, W_V are split by columns
+(column-parallel: each device projects X to its own heads only), W_O by rows (row-parallel:
+each device multiplies its heads' outputs by the matching rows). Every device then holds a
+partial output of full shape (B, L, d_model); one all-reduce (a sum) gives the layer's output.
+
+.. math:: \mathrm{out} = b_O + \sum_{r=0}^{N-1} \mathrm{Concat}(\mathrm{head}_i)_{i \in r}\, W_O^{(r)}
+
+With grouped-query attention the key/value heads are split too. When the devices
+outnumber the K/V heads, each K/V head is replicated on the devices whose query heads read it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from mha_lab.analysis import dtype_bytes
+from mha_lab.cpu.functional import merge_heads, repeat_kv, scaled_dot_product_attention, split_heads
+
+__all__ = ["Shard", "shard_layer", "shard_forward", "all_reduce", "tensor_parallel_forward", "allreduce_bytes"]
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One device's slice of an attention layer.
+
+    Shapes: W_Q: (d_model, h_r * d_k); W_K, W_V: (d_model, g_r * d_k); W_O: (h_r * d_k, d_model),
+    where h_r query heads and g_r key/value heads live on this device.
+    """
+
+    rank: int
+    q_heads: range
+    kv_heads: range
+    d_k: int
+    W_Q: np.ndarray
+    W_K: np.ndarray
+    W_V: np.ndarray
+    W_O: np.ndarray
+    b_Q: np.ndarray | None = None  # noqa: N815 (the layer's attribute names)
+    b_K: np.ndarray | None = None  # noqa: N815 (the layer's attribute names)
+    b_V: np.ndarray | None = None  # noqa: N815 (the layer's attribute names)
+
+
+def _cols(heads: range, d_k: int) -> slice:
+    return slice(heads.start * d_k, heads.stop * d_k)
+
+
+def shard_layer(layer, world_size: int) -> list[Shard]:
+    """Split a MultiHeadAttention or GroupedQueryAttention layer's weights across ``world_size`` devices.
+
+    Needs ``num_heads % world_size == 0``, and either ``num_kv_heads % world_size == 0`` (K/V heads
+    split) or ``world_size % num_kv_heads == 0`` (each K/V head replicated on several devices).
+    The shards are views of the layer's arrays: no weight is copied.
+    """
+    h = layer.num_heads
+    g = getattr(layer, "num_kv_heads", h)
+    if world_size < 1:
+        raise ValueError(f"world_size must be at least 1, got {world_size}")
+    if h % world_size:
+        raise ValueError(f"num_heads={h} is not divisible by world_size={world_size}: "
+                         "tensor parallelism over heads gives every device the same number of heads")
+    if g % world_size and world_size % g:
+        raise ValueError(f"num_kv_heads={g} and world_size={world_size}: one must divide the other, "
+                         "so that each device's query heads read whole key/value heads")
+    d_k, h_r, n_rep = layer.d_model // h, h // world_size, h // g
+    shards = []
+    for r in range(world_size):
+        q_heads = range(r * h_r, (r + 1) * h_r)
+        kv_heads = range(q_heads.start // n_rep, (q_heads.stop - 1) // n_rep + 1)
+        q, kv = _cols(q_heads, d_k), _cols(kv_heads, d_k)
+        bias = {f"b_{n}": getattr(layer, f"b_{n}")[s] for n, s in (("Q", q), ("K", kv), ("V", kv))} \
+            if layer.use_bias else {}
+        shards.append(Shard(r, q_heads, kv_heads, d_k,
+                            W_Q=layer.W_Q[:, q], W_K=layer.W_K[:, kv], W_V=layer.W_V[:, kv],
+                            W_O=layer.W_O[q, :], **bias))  # column-parallel Q/K/V, row-parallel W_O
+    return shards
+
+
+def shard_forward(X: np.ndarray, shard: Shard, mask: np.ndarray | None = None) -> np.ndarray:
+    """One device's partial output: its heads' attention times its rows of W_O (no bias, no communication).
+
+    Shapes: X: (B, L, d_model), replicated on every device -> partial: (B, L, d_model).
+    """
+    h_r, g_r = len(shard.q_heads), len(shard.kv_heads)
+    Q, K, V = (X @ W + (0 if b is None else b) for W, b in
+               ((shard.W_Q, shard.b_Q), (shard.W_K, shard.b_K), (shard.W_V, shard.b_V)))  # (B, L, heads*d_k)
+    Q = split_heads(Q, h_r)  # (B, L, h_r*d_k) -> (B, h_r, L, d_k)
+    K, V = split_heads(K, g_r), split_heads(V, g_r)  # (B, L, g_r*d_k) -> (B, g_r, L, d_k)
+    K, V = repeat_kv(K, h_r // g_r), repeat_kv(V, h_r // g_r)  # -> (B, h_r, L, d_k)
+    Z, _ = scaled_dot_product_attention(Q, K, V, mask)  # (B, h_r, L, d_k)
+    return merge_heads(Z) @ shard.W_O  # (B, h_r, L, d_k) -> (B, L, h_r*d_k) @ (h_r*d_k, d_model)
+
+
+def all_reduce(partials: list[np.ndarray]) -> np.ndarray:
+    """The collective that ends the layer: every device receives the sum of all partial outputs."""
+    if not partials:
+        raise ValueError("all_reduce needs at least one partial result")
+    return np.sum(partials, axis=0)
+
+
+def tensor_parallel_forward(X: np.ndarray, layer, world_size: int, mask: np.ndarray | None = None) -> np.ndarray:
+    """The layer's forward split over ``world_size`` simulated devices; equals ``layer.forward(X, mask)``.
+
+    Shapes: X: (B, L, d_model) -> (B, L, d_model). ``mask`` is additive, broadcastable to (B, h, L, L).
+    """
+    X = layer._check_input(X)
+    out = all_reduce([shard_forward(X, s, mask) for s in shard_layer(layer, world_size)])
+    if layer.use_bias:
+        out += layer.b_O  # added once, after the reduction, not on every device
+    return out
+
+
+def allreduce_bytes(batch_size: int, seq_len: int, d_model: int, world_size: int,
+                    dtype="bfloat16") -> dict[str, float]:
+    r"""Communication of the one forward all-reduce of an attention layer.
+
+    ``message``: the (B, L, d_model) partial output, :math:`BLd` elements;
+    ``ring_per_device``: what each device sends in a ring all-reduce, :math:`2\frac{N-1}{N}BLd` elements
+    (reduce-scatter then all-gather); both in bytes. The backward pass has one more all-reduce of the same size.
+    """
+    if world_size < 1:
+        raise ValueError(f"world_size must be at least 1, got {world_size}")
+    message = batch_size * seq_len * d_model * dtype_bytes(dtype)
+    return {"message": message, "ring_per_device": 2 * (world_size - 1) / world_size * message}
