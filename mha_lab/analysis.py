@@ -25,10 +25,12 @@ def dtype_bytes(dtype) -> int:
     name = str(dtype).removeprefix("torch.")
     if name in _EXTRA_DTYPES:
         return _EXTRA_DTYPES[name]
-    try:
-        return np.dtype(name).itemsize
-    except TypeError:
-        raise ValueError(f"unknown dtype {dtype!r}") from None
+    for candidate in (dtype, name):  # a NumPy dtype or type, then a torch dtype's name
+        try:
+            return np.dtype(candidate).itemsize
+        except TypeError:
+            pass
+    raise ValueError(f"unknown dtype {dtype!r}")
 
 
 def _check_dims(seq_len: int, d_model: int, n_heads: int, n_kv_heads: int) -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from mha_lab.cpu.functional import check_mask, check_rank
-from mha_lab.cpu.per_head import iter_heads
+from mha_lab.cpu.per_head import head_forward
 
 __all__ = ["head_by_head_forward", "chunked_attention"]
 
@@ -26,15 +26,15 @@ def head_by_head_forward(X: np.ndarray, layer, mask: np.ndarray | None = None) -
     """
     X = layer._check_input(X)
     out = np.zeros(X.shape[:2] + (layer.W_O.shape[1],), dtype=X.dtype)  # (B, L, d_model)
-    for contribution, _ in iter_heads(X, layer, mask):
-        out += contribution  # the head's (B, L, L) weights are freed before the next head
+    for i in range(layer.num_heads):
+        out += head_forward(X, layer, i, mask)[0]  # head i's (B, L, L) weights die with this statement
     if layer.use_bias:
         out += layer.b_O
     return out
 
 
 def chunked_attention(Q: np.ndarray, K: np.ndarray, V: np.ndarray, causal: bool = False,
-                      mask: np.ndarray | None = None, block_q: int = 256, block_k: int = 512) -> np.ndarray:
+                      mask: np.ndarray | None = None, block_q: int = 128, block_k: int = 256) -> np.ndarray:
     r"""Exact attention in query/key blocks with an online softmax; no L x L matrix is formed.
 
     For each query block, with running row maximum :math:`m`, normaliser :math:`\ell` and
@@ -90,7 +90,8 @@ def chunked_attention(Q: np.ndarray, K: np.ndarray, V: np.ndarray, causal: bool 
                 s += mask[..., qs:qe, ks:ke]
             m_new = np.maximum(m_i, s.max(axis=-1, keepdims=True))
             shift = np.where(np.isneginf(m_new), 0.0, m_new)  # rows masked so far stay at zero
-            np.exp(s - shift, out=s)  # s now holds p = exp(S - m')
+            s -= shift
+            np.exp(s, out=s)  # s now holds p = exp(S - m'), in place: one block buffer
             alpha = np.exp(m_i - shift)  # rescales what was accumulated under the old max
             l_i = alpha * l_i + s.sum(axis=-1, keepdims=True)
             acc *= alpha

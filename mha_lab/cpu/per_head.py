@@ -11,7 +11,7 @@ import numpy as np
 
 from mha_lab.cpu.functional import scaled_dot_product_attention
 
-__all__ = ["per_head_attention", "head_slices", "iter_heads"]
+__all__ = ["per_head_attention", "head_slices", "head_forward", "iter_heads"]
 
 
 def head_slices(layer, i: int) -> dict[str, np.ndarray | None]:
@@ -32,19 +32,24 @@ def head_slices(layer, i: int) -> dict[str, np.ndarray | None]:
     }
 
 
-def iter_heads(X: np.ndarray, layer, mask: np.ndarray | None = None):
-    """Yield ``(contribution, A)`` per head: head i's term of the output projection and its weights.
+def head_forward(X: np.ndarray, layer, i: int, mask: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Head i alone: ``(contribution, A)``, its term of the output projection and its weights.
 
-    Shapes: contribution: (B, L, d_model) = head_i @ W_O[rows of head i]; A: (B, L, L).
-    Only one head's (B, L, L) matrix is alive at a time, unless the caller keeps it.
+    Shapes: X: (B, L, d_model); contribution: (B, L, d_model) = head_i @ W_O[rows of head i];
+    A: (B, L, L). ``mask`` is additive, broadcastable to (B, L, L) or a (1, 1, L, L) causal mask.
     """
     if mask is not None and mask.ndim == 4:
         mask = mask[:, 0]  # (1, 1, L, L) -> (1, L, L): the same mask for every head
+    w = head_slices(layer, i)
+    Q, K, V = (X @ w[f"W_{n}"] + (0 if w[f"b_{n}"] is None else w[f"b_{n}"]) for n in "QKV")  # (B, L, d_k)
+    head, A = scaled_dot_product_attention(Q, K, V, mask)  # (B, L, d_k), (B, L, L)
+    return head @ w["W_O"], A
+
+
+def iter_heads(X: np.ndarray, layer, mask: np.ndarray | None = None):
+    """Yield ``head_forward(X, layer, i, mask)`` for every head i in order."""
     for i in range(layer.num_heads):
-        w = head_slices(layer, i)
-        Q, K, V = (X @ w[f"W_{n}"] + (0 if w[f"b_{n}"] is None else w[f"b_{n}"]) for n in "QKV")  # (B, L, d_k)
-        head, A = scaled_dot_product_attention(Q, K, V, mask)  # (B, L, d_k), (B, L, L)
-        yield head @ w["W_O"], A
+        yield head_forward(X, layer, i, mask)
 
 
 def per_head_attention(X: np.ndarray, layer, mask: np.ndarray | None = None) -> tuple[np.ndarray, list[np.ndarray]]:

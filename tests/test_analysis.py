@@ -1,0 +1,114 @@
+"""FLOP and memory counts, the KV cache, and the corrected figures of the seed notes."""
+
+import numpy as np
+import pytest
+
+from mha_lab.analysis import (
+    MODEL_CONFIGS,
+    count_flops,
+    count_memory_bytes,
+    dtype_bytes,
+    flops_breakdown,
+    gb,
+    gib,
+    kv_cache_bytes,
+    memory_breakdown,
+)
+
+
+def test_count_flops_matches_the_formula():
+    B, L, d, h = 2, 64, 128, 8
+    assert count_flops(B, L, d, h) == 8 * B * L * d * d + 4 * B * L * L * d + 5 * B * h * L * L
+    assert count_flops(B, L, d, h) == sum(flops_breakdown(B, L, d, h).values())
+
+
+@pytest.mark.parametrize("h", [2, 4, 8, 16])
+def test_multi_head_has_the_same_matmul_flops_as_single_head(h):
+    """The seed's test: only the softmax term depends on h."""
+    B, L, d = 2, 16, 64
+    assert count_flops(B, L, d, 1) - 5 * B * 1 * L * L == count_flops(B, L, d, h) - 5 * B * h * L * L
+
+
+def test_softmax_convention_is_a_parameter():
+    a, b = flops_breakdown(1, 8, 16, 2), flops_breakdown(1, 8, 16, 2, softmax_flops=6)
+    assert b["softmax"] - a["softmax"] == 2 * 8 * 8 and a["qk"] == b["qk"]
+
+
+def test_gqa_reduces_only_the_kv_projection():
+    mha, gqa = flops_breakdown(1, 32, 4096, 32), flops_breakdown(1, 32, 4096, 32, n_kv_heads=8)
+    assert gqa["proj_kv"] * 4 == mha["proj_kv"]
+    assert {k: v for k, v in gqa.items() if k != "proj_kv"} == {k: v for k, v in mha.items() if k != "proj_kv"}
+
+
+def test_corrected_bottleneck_figures():
+    """SEED_NOTES 1 and 5: d=4096, L=2048: projections are 4x the core (not 40x); matmul/softmax ~500."""
+    f = flops_breakdown(1, 2048, 4096, 32)
+    proj = f["proj_q"] + f["proj_kv"] + f["proj_o"]
+    core = f["qk"] + f["av"]
+    assert proj == pytest.approx(2.75e11, rel=0.01) and core == pytest.approx(6.87e10, rel=0.01)
+    assert proj / core == pytest.approx(4.0)  # = 2 d / L
+
+
+def test_matmul_vs_softmax_factor():
+    f = flops_breakdown(1, 2048, 4096, 32)
+    matmul = f["proj_q"] + f["proj_kv"] + f["proj_o"] + f["qk"] + f["av"]
+    assert matmul == pytest.approx(3.4e11, rel=0.02)
+    assert f["softmax"] == pytest.approx(6.7e8, rel=0.01)
+    assert 450 < matmul / f["softmax"] < 550
+
+
+def test_memory_counts():
+    B, L, d, h = 2, 128, 64, 8
+    assert count_memory_bytes(B, L, d, h, "float64") == (5 * B * L * d + B * h * L * L) * 8
+    assert memory_breakdown(B, L, d, h, "float16")["attention_weights"] == B * h * L * L * 2
+    assert count_memory_bytes(B, L, d, h, "float32") * 2 == count_memory_bytes(B, L, d, h, "float64")
+
+
+def test_units_gib_vs_gb():
+    """SEED_NOTES 6: a 32x32x8192^2 float32 score tensor is 256 GiB, which is 275 GB."""
+    n = 32 * 32 * 8192**2 * dtype_bytes("float32")
+    assert gib(n) == 256 and round(gb(n)) == 275
+
+
+@pytest.mark.parametrize("name, size", [("float16", 2), ("bfloat16", 2), (np.float32, 4), ("float64", 8), ("fp8", 1)])
+def test_dtype_bytes(name, size):
+    assert dtype_bytes(name) == size
+
+
+def test_dtype_bytes_rejects_unknown_names():
+    with pytest.raises(ValueError, match="unknown dtype"):
+        dtype_bytes("float7")
+
+
+def test_llama2_70b_kv_cache_uses_gqa():
+    """SEED_NOTES 2: 8 KV heads -> 320 KiB per token, ~1.34 GB at 4096 tokens; MHA would need ~10.7 GB."""
+    cfg = MODEL_CONFIGS["Llama-2-70B"]
+    assert cfg.kind == "GQA"
+    assert kv_cache_bytes(cfg, 1) == 320 * 1024
+    assert gb(kv_cache_bytes(cfg, 4096)) == pytest.approx(1.34, abs=0.01)
+    assert gib(kv_cache_bytes(cfg, 4096)) == pytest.approx(1.25)
+    from dataclasses import replace
+    as_mha = replace(cfg, n_kv_heads=cfg.n_heads)
+    assert gb(kv_cache_bytes(as_mha, 4096)) == pytest.approx(10.7, abs=0.05)
+
+
+def test_real_configs_are_consistent():
+    for cfg in MODEL_CONFIGS.values():
+        assert cfg.n_heads * cfg.head_dim == cfg.d_model, cfg.name
+        assert cfg.n_heads % cfg.n_kv_heads == 0, cfg.name
+    assert MODEL_CONFIGS["Llama-2-7B"].kind == "MHA" and MODEL_CONFIGS["Llama-3-8B"].n_kv_heads == 8
+
+
+def test_sliding_window_caps_the_cache():
+    m = MODEL_CONFIGS["Mistral-7B"]
+    assert kv_cache_bytes(m, 32768) == kv_cache_bytes(m, 4096) == 2 * 32 * 8 * 128 * 4096 * 2
+    assert kv_cache_bytes(m, 1000, batch_size=3) == 3 * kv_cache_bytes(m, 1000)
+
+
+def test_bad_dimensions_raise():
+    with pytest.raises(ValueError, match="divisible"):
+        count_flops(1, 8, 10, 3)
+    with pytest.raises(ValueError, match="divisible"):
+        count_memory_bytes(1, 8, 12, 4, n_kv_heads=3)
+    with pytest.raises(ValueError, match="seq_len"):
+        count_flops(1, 0, 8, 2)

@@ -1,0 +1,115 @@
+"""Memory-efficient forwards: same results as the fused layer, and measurably less memory."""
+
+import tracemalloc
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mha_lab.cpu import (
+    MultiHeadAttention,
+    chunked_attention,
+    create_causal_mask,
+    head_by_head_forward,
+    repeat_kv,
+    scaled_dot_product_attention,
+)
+from mha_lab.testing import assert_close
+
+
+def qkv(B, h, h_kv, Lq, Lk, d, seed=0):
+    rng = np.random.default_rng(seed)
+    Q = rng.standard_normal((B, h, Lq, d))
+    return Q, rng.standard_normal((B, h_kv, Lk, d)), rng.standard_normal((B, h_kv, Lk, d))
+
+
+def fused(Q, K, V, mask=None):
+    n_rep = Q.shape[1] // K.shape[1]
+    return scaled_dot_product_attention(Q, repeat_kv(K, n_rep), repeat_kv(V, n_rep), mask)[0]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 2), st.sampled_from([(1, 1), (2, 1), (4, 2), (3, 3)]), st.integers(1, 40),
+       st.integers(1, 17), st.integers(1, 17), st.booleans())
+def test_chunked_equals_fused_for_any_block_sizes(B, heads, L, block_q, block_k, causal):
+    h, h_kv = heads
+    Q, K, V = qkv(B, h, h_kv, L, L, 4, seed=L)
+    mask = create_causal_mask(L) if causal else None
+    assert_close(chunked_attention(Q, K, V, causal=causal, block_q=block_q, block_k=block_k), fused(Q, K, V, mask))
+
+
+def test_chunked_with_additive_mask_and_cross_lengths():
+    Q, K, V = qkv(2, 4, 2, 7, 13, 5, seed=1)
+    pad = np.zeros((2, 1, 1, 13))
+    pad[1, ..., 10:] = -np.inf  # key padding for the second sequence
+    assert_close(chunked_attention(Q, K, V, mask=pad, block_q=3, block_k=4), fused(Q, K, V, pad))
+
+
+def test_chunked_is_stable_for_huge_scores():
+    Q, K, V = qkv(1, 2, 2, 9, 9, 4, seed=2)
+    out = chunked_attention(Q * 300, K, V, block_q=4, block_k=2)
+    assert np.all(np.isfinite(out))
+    assert_close(out, fused(Q * 300, K, V))
+
+
+def test_chunked_errors():
+    Q, K, V = qkv(1, 3, 2, 4, 4, 2)
+    with pytest.raises(ValueError, match="not divisible"):
+        chunked_attention(Q, K, V)
+    Q, K, V = qkv(1, 2, 2, 4, 5, 2)
+    with pytest.raises(ValueError, match="causal"):
+        chunked_attention(Q, K, V, causal=True)
+    with pytest.raises(ValueError, match="block sizes"):
+        chunked_attention(Q, K, V, block_q=0)
+    with pytest.raises(ValueError, match="fully masked"):
+        chunked_attention(Q, K, V, mask=np.full((1, 1, 1, 5), -np.inf))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_head_by_head_equals_forward(causal):
+    mha = MultiHeadAttention(24, 4, use_bias=True, seed=0)
+    mha.b_O = np.arange(24.0)
+    X = np.random.default_rng(0).standard_normal((3, 7, 24))
+    mask = create_causal_mask(7) if causal else None
+    assert_close(head_by_head_forward(X, mha, mask), mha.forward(X, mask))
+
+
+def peak_bytes(fn, *args, **kwargs) -> int:
+    tracemalloc.start()
+    tracemalloc.reset_peak()
+    try:
+        fn(*args, **kwargs)
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.slow
+def test_chunked_peak_is_below_a_sixteenth_of_the_fused_core():
+    """B=1, h=8, L=2048, d_model=512: the fused core holds a (1, 8, 2048, 2048) float64 matrix (256 MiB)."""
+    Q, K, V = qkv(1, 8, 8, 2048, 2048, 64)
+    fused_peak = peak_bytes(scaled_dot_product_attention, Q, K, V)
+    chunked_peak = peak_bytes(chunked_attention, Q, K, V)
+    assert fused_peak >= 8 * 2048 * 2048 * 8  # the score matrix is really there
+    assert chunked_peak < fused_peak / 16, (chunked_peak, fused_peak)
+
+
+@pytest.mark.slow
+def test_head_by_head_peak_is_below_a_quarter_of_the_fused_forward():
+    mha = MultiHeadAttention(512, 8, seed=0)
+    X = np.random.default_rng(0).standard_normal((1, 2048, 512))
+    fused_peak = peak_bytes(mha.forward, X)
+    mha._cache = None
+    hbh_peak = peak_bytes(head_by_head_forward, X, mha)
+    assert hbh_peak < fused_peak / 4, (hbh_peak, fused_peak)
+
+
+def test_attention_matrix_memory_is_B_h_L_squared():
+    mha = MultiHeadAttention(64, 8, seed=0)
+    B, L = 2, 96
+    mha.forward(np.zeros((B, L, 64)))
+    assert mha.attention_weights.nbytes == B * 8 * L * L * 8
+    Q, K, V = qkv(B, 8, 8, L, L, 8)
+    peak = peak_bytes(scaled_dot_product_attention, Q, K, V)
+    assert B * 8 * L * L * 8 <= peak < 1.5 * B * 8 * L * L * 8
