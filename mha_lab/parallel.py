@@ -20,7 +20,10 @@ import numpy as np
 from mha_lab.analysis import dtype_bytes
 from mha_lab.cpu.functional import merge_heads, repeat_kv, scaled_dot_product_attention, split_heads
 
-__all__ = ["Shard", "shard_layer", "shard_forward", "all_reduce", "tensor_parallel_forward", "allreduce_bytes"]
+__all__ = [
+    "Shard", "shard_layer", "weights_per_device", "shard_forward", "all_reduce", "tensor_parallel_forward",
+    "allreduce_bytes",
+]
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,29 @@ def _cols(heads: range, d_k: int) -> slice:
     return slice(heads.start * d_k, heads.stop * d_k)
 
 
+def _check_split(n_heads: int, n_kv_heads: int, world_size: int) -> None:
+    if world_size < 1:
+        raise ValueError(f"world_size must be at least 1, got {world_size}")
+    if n_heads % world_size:
+        raise ValueError(f"num_heads={n_heads} is not divisible by world_size={world_size}: "
+                         "tensor parallelism over heads gives every device the same number of heads")
+    if n_kv_heads % world_size and world_size % n_kv_heads:
+        raise ValueError(f"num_kv_heads={n_kv_heads} and world_size={world_size}: one must divide the other, "
+                         "so that each device's query heads read whole key/value heads")
+
+
+def weights_per_device(d_model: int, n_heads: int, n_kv_heads: int, world_size: int) -> int:
+    r"""Attention weight elements one device holds: :math:`(2d^2 + 2d\,g\,d_k)/N`, K/V at least one head.
+
+    W_Q and W_O shrink as 1/N; W_K and W_V shrink until each device holds a single K/V head,
+    after which they are replicated.
+    """
+    _check_split(n_heads, n_kv_heads, world_size)
+    d_k = d_model // n_heads
+    kv_local = max(n_kv_heads // world_size, 1)
+    return 2 * d_model * d_model // world_size + 2 * d_model * kv_local * d_k
+
+
 def shard_layer(layer, world_size: int) -> list[Shard]:
     """Split a MultiHeadAttention or GroupedQueryAttention layer's weights across ``world_size`` devices.
 
@@ -57,14 +83,7 @@ def shard_layer(layer, world_size: int) -> list[Shard]:
     """
     h = layer.num_heads
     g = getattr(layer, "num_kv_heads", h)
-    if world_size < 1:
-        raise ValueError(f"world_size must be at least 1, got {world_size}")
-    if h % world_size:
-        raise ValueError(f"num_heads={h} is not divisible by world_size={world_size}: "
-                         "tensor parallelism over heads gives every device the same number of heads")
-    if g % world_size and world_size % g:
-        raise ValueError(f"num_kv_heads={g} and world_size={world_size}: one must divide the other, "
-                         "so that each device's query heads read whole key/value heads")
+    _check_split(h, g, world_size)
     d_k, h_r, n_rep = layer.d_model // h, h // world_size, h // g
     shards = []
     for r in range(world_size):

@@ -4,7 +4,14 @@ import numpy as np
 import pytest
 
 from mha_lab.cpu import GroupedQueryAttention, MultiHeadAttention, create_causal_mask
-from mha_lab.parallel import all_reduce, allreduce_bytes, shard_forward, shard_layer, tensor_parallel_forward
+from mha_lab.parallel import (
+    all_reduce,
+    allreduce_bytes,
+    shard_forward,
+    shard_layer,
+    tensor_parallel_forward,
+    weights_per_device,
+)
 from mha_lab.testing import assert_close
 
 
@@ -91,3 +98,24 @@ def test_allreduce_bytes_from_shapes():
     assert comm["message"] == 2 * 4096 * 8192 * 2
     assert comm["ring_per_device"] == pytest.approx(2 * 7 / 8 * comm["message"])
     assert allreduce_bytes(1, 10, 16, world_size=1)["ring_per_device"] == 0
+
+
+@pytest.mark.parametrize("num_kv_heads,world_size", [(8, 1), (8, 4), (2, 4), (1, 2)])
+def test_weights_per_device_matches_the_shards(num_kv_heads, world_size):
+    layer = GroupedQueryAttention(d_model=32, num_heads=8, num_kv_heads=num_kv_heads, seed=0)
+    shard = shard_layer(layer, world_size)[0]
+    held = sum(getattr(shard, f"W_{n}").size for n in "QKVO")
+    assert weights_per_device(32, 8, num_kv_heads, world_size) == held
+
+
+def test_weight_split_figure_colours_every_device():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from mha_lab.plots.parallel import plot_tp_memory_and_traffic, plot_weight_split
+
+    fig = plot_weight_split(d_model=16, num_heads=4, num_kv_heads=2, world_size=4)
+    assert [t.get_text() for t in fig.legends[0].get_texts()][-1] == "replicated on several devices"
+    assert len(fig.axes) == 4
+    bars = plot_tp_memory_and_traffic(world_sizes=(1, 2)).axes[0]
+    assert bars.get_xlabel() and bars.get_ylabel()

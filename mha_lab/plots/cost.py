@@ -1,0 +1,186 @@
+"""Figures and tables of what attention costs: FLOPs, memory, the KV cache, measured peak memory.
+
+Every number is computed by ``mha_lab.analysis`` or measured here; tables come back as
+Markdown strings so a chapter can display or glue them.
+"""
+
+from __future__ import annotations
+
+import tracemalloc
+from collections.abc import Callable, Iterable, Sequence
+
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.figure import Figure
+
+from mha_lab.analysis import MODEL_CONFIGS, ModelConfig, flops_breakdown, gib, kv_cache_bytes, memory_breakdown
+from mha_lab.cpu import MultiHeadAttention, chunked_attention, head_by_head_forward, merge_heads, split_heads
+
+__all__ = [
+    "markdown_table", "flops_table", "memory_table", "kv_cache_table",
+    "plot_flops_vs_length", "plot_kv_cache_vs_context",
+    "fit_power_law", "peak_memory", "peak_memory_vs_length", "plot_peak_memory", "plot_time_vs_length",
+]
+
+_GROUPS = {"projections": ("proj_q", "proj_kv", "proj_o"), "attention core (QK^T, AV)": ("qk", "av"),
+           "softmax": ("softmax",)}
+
+
+def _finish(fig: Figure, ax, legend_size: float | None = None, **labels) -> Figure:
+    """Label the axes, add grid and legend, and detach the figure from pyplot so it displays once."""
+    ax.set(**labels)
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=legend_size)
+    plt.close(fig)
+    return fig
+
+
+def markdown_table(headers: Sequence[str], rows: Iterable[Sequence]) -> str:
+    """A Markdown table; floats are written with 3 significant digits."""
+    def cell(v):
+        return f"{v:.3g}" if isinstance(v, float) else str(v)
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def flops_table(sizes: Iterable[tuple[int, int, int, int]], softmax_flops: int = 5) -> str:
+    """Forward FLOPs by component for each ``(B, L, d_model, h)``, from ``flops_breakdown``."""
+    rows = []
+    for B, L, d, h in sizes:
+        f = flops_breakdown(B, L, d, h, softmax_flops=softmax_flops)
+        proj = sum(f[k] for k in _GROUPS["projections"])
+        core = f["qk"] + f["av"]
+        rows.append((B, L, d, h, f"{proj:.3e}", f"{core:.3e}", f"{f['softmax']:.3e}", f"{sum(f.values()):.3e}",
+                     f"{proj / core:.3g}"))
+    return markdown_table(["B", "L", "d_model", "h", "projections", "QK^T + AV", "softmax", "total",
+                           "projections / core"], rows)
+
+
+def memory_table(sizes: Iterable[tuple[int, int, int, int]], dtype="float32") -> str:
+    """Bytes kept for the backward, by tensor, for each ``(B, L, d_model, h)``, in MiB (2**20 bytes)."""
+    rows = []
+    for B, L, d, h in sizes:
+        m = memory_breakdown(B, L, d, h, dtype=dtype)
+        rows.append((B, L, d, h, *(f"{v / 2**20:,.1f}" for v in m.values()), f"{sum(m.values()) / 2**20:,.1f}",
+                     f"{m['attention_weights'] / sum(m.values()):.0%}"))
+    names = list(memory_breakdown(1, 1, 1, 1))
+    return markdown_table(["B", "L", "d_model", "h", *(f"{n} (MiB)" for n in names), "total (MiB)", "share of A"],
+                          rows)
+
+
+def kv_cache_table(seq_len: int = 4096, dtype="float16", configs: Iterable[ModelConfig] | None = None) -> str:
+    """Each model's attention shape and KV cache per token and at ``seq_len`` tokens (batch 1)."""
+    rows = []
+    for c in configs or MODEL_CONFIGS.values():
+        per_token = kv_cache_bytes(c, 1, dtype=dtype)
+        full = kv_cache_bytes(c, seq_len, dtype=dtype)
+        rows.append((c.name, c.n_layers, c.d_model, c.n_heads, c.n_kv_heads, c.head_dim, c.kind,
+                     c.sliding_window or "-", f"{per_token / 2**10:,.0f}", f"{gib(full):.3g}", f"{full / 1e9:.3g}"))
+    return markdown_table(["model", "layers", "d_model", "Q heads", "KV heads", "d_k", "kind", "window",
+                           "KiB / token", f"GiB at {seq_len}", f"GB at {seq_len}"], rows)
+
+
+def plot_flops_vs_length(d_model: int = 4096, n_heads: int = 32, lengths: Sequence[int] | None = None) -> Figure:
+    """Forward FLOPs per sequence (B = 1) of projections, attention core and softmax against L, log-log.
+
+    The core (:math:`4L^2d`) overtakes the projections (:math:`8Ld^2`) at :math:`L = 2d`.
+    """
+    L = np.asarray(lengths if lengths is not None else np.geomspace(128, 16 * d_model, 40).astype(int))
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for label, keys in _GROUPS.items():
+        ax.loglog(L, [sum(flops_breakdown(1, int(n), d_model, n_heads)[k] for k in keys) for n in L], label=label)
+    ax.axvline(2 * d_model, color="gray", linestyle="--", linewidth=1)
+    ax.annotate(f"L = 2·d_model = {2 * d_model}", (2 * d_model, ax.get_ylim()[0]), xytext=(4, 8),
+                textcoords="offset points", rotation=90, color="gray")
+    return _finish(fig, ax, xlabel="sequence length L (tokens)", ylabel="forward FLOPs per sequence",
+                   title=f"One attention layer, d_model = {d_model}, h = {n_heads}")
+
+
+def plot_kv_cache_vs_context(lengths: Sequence[int] | None = None, dtype="float16",
+                             configs: Iterable[ModelConfig] | None = None) -> Figure:
+    """KV cache of one sequence against context length, one line per model, log-log, in GiB."""
+    L = np.asarray(lengths if lengths is not None else np.geomspace(256, 131072, 50).astype(int))
+    fig, ax = plt.subplots(figsize=(6.8, 4.4))
+    for c in configs or MODEL_CONFIGS.values():
+        style = {"MHA": "-", "GQA": "--", "MQA": ":"}[c.kind]
+        ax.loglog(L, [gib(kv_cache_bytes(c, int(n), dtype=dtype)) for n in L], style,
+                  label=f"{c.name} ({c.kind}, {c.n_kv_heads} KV heads)")
+    return _finish(fig, ax, legend_size=8, xlabel="context length (tokens)",
+                   ylabel=f"KV cache per sequence (GiB, {dtype})", title="KV cache against context length")
+
+
+def fit_power_law(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
+    r"""Least-squares fit of :math:`y = c\,x^k` on log-log axes; returns ``(k, c)``."""
+    k, log_c = np.polyfit(np.log(np.asarray(x, float)), np.log(np.asarray(y, float)), 1)
+    return float(k), float(np.exp(log_c))
+
+
+def peak_memory(fn: Callable[[], object]) -> int:
+    """Peak bytes allocated through Python and NumPy while ``fn()`` runs (tracemalloc), above the start."""
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        start = tracemalloc.get_traced_memory()[0]
+        fn()
+        return tracemalloc.get_traced_memory()[1] - start
+    finally:
+        tracemalloc.stop()
+
+
+def _chunked_layer_forward(X: np.ndarray, layer, block: int) -> np.ndarray:
+    """The layer's forward with its core replaced by ``chunked_attention`` (no bias, no mask)."""
+    Q = split_heads(X @ layer.W_Q, layer.num_heads)  # (B, L, d_model) -> (B, h, L, d_k)
+    K = split_heads(X @ layer.W_K, layer.num_kv_heads)  # (B, L, h_kv*d_k) -> (B, h_kv, L, d_k)
+    V = split_heads(X @ layer.W_V, layer.num_kv_heads)  # (B, L, h_kv*d_k) -> (B, h_kv, L, d_k)
+    Z = chunked_attention(Q, K, V, block_q=block, block_k=block)  # (B, h, L, d_k)
+    return merge_heads(Z) @ layer.W_O  # (B, h, L, d_k) -> (B, L, d_model)
+
+
+def peak_memory_vs_length(lengths: Sequence[int] = (128, 256, 512, 1024, 2048), d_model: int = 128,
+                          n_heads: int = 8, batch_size: int = 1, block: int = 64) -> dict[str, list[int]]:
+    """Measured peak bytes of one layer's forward (float64) for the fused, head-by-head and chunked methods."""
+    layer = MultiHeadAttention(d_model, n_heads, seed=0)
+    rng = np.random.default_rng(0)
+    methods = {
+        "fused (layer.forward)": lambda X: layer.forward(X),
+        "head by head": lambda X: head_by_head_forward(X, layer),
+        f"chunked (blocks of {block})": lambda X: _chunked_layer_forward(X, layer, block),
+    }
+    peaks: dict[str, list[int]] = {name: [] for name in methods}
+    for L in lengths:
+        X = rng.normal(size=(batch_size, L, d_model))
+        for name, method in methods.items():
+            peaks[name].append(peak_memory(lambda m=method, X=X: m(X)))
+            layer._cache = None  # drop the fused forward's cache before the next measurement
+    return peaks
+
+
+def plot_peak_memory(lengths: Sequence[int], peaks: dict[str, Sequence[int]], fit_from: int = 512) -> Figure:
+    """Measured peak memory against L, log-log, with the exponent k of a fit :math:`c L^k` per method."""
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    L = np.asarray(lengths)
+    for name, ys in peaks.items():
+        ys = np.asarray(ys) / 2**20
+        sel = L >= fit_from
+        k, _ = fit_power_law(L[sel], ys[sel])
+        ax.loglog(L, ys, "o-", label=f"{name}: ~L^{k:.2f}")
+    return _finish(fig, ax, xlabel="sequence length L (tokens)", ylabel="peak memory of the forward (MiB)",
+                   title=f"Measured with tracemalloc (fit over L ≥ {fit_from})")
+
+
+def plot_time_vs_length(lengths: Sequence[int], seconds: Sequence[float], d_model: int, n_heads: int,
+                        batch_size: int = 1) -> Figure:
+    """Measured forward time against L next to the FLOP formula scaled to the largest measurement, log-log."""
+    L = np.asarray(lengths)
+    t = np.asarray(seconds)
+    flops = np.array([sum(flops_breakdown(batch_size, int(n), d_model, n_heads).values()) for n in L])
+    core = np.array([(lambda f: f["qk"] + f["av"] + f["softmax"])(flops_breakdown(batch_size, int(n), d_model,
+                                                                                   n_heads)) for n in L])
+    k, _ = fit_power_law(L[len(L) // 2:], t[len(L) // 2:])
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    ax.loglog(L, t * 1e3, "o-", label=f"measured (upper half fits L^{k:.2f})")
+    ax.loglog(L, flops * t[-1] / flops[-1] * 1e3, "--", label="count_flops, scaled to the last point")
+    ax.loglog(L, core * t[-1] / flops[-1] * 1e3, ":", label="its L² part (core + softmax)")
+    return _finish(fig, ax, xlabel="sequence length L (tokens)", ylabel="forward time (ms)",
+                   title=f"B = {batch_size}, d_model = {d_model}, h = {n_heads}")
