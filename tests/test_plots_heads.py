@@ -42,3 +42,27 @@ def test_toy_figures():
     assert _panels(fig)[0].images[0].get_array().shape == (task.half, task.seq_len)
     ax = plot_toy_training(runs).axes[0]
     assert len(ax.lines) == 2 and "loss" in ax.get_ylabel() and "step" in ax.get_xlabel()
+
+
+# mha_lab.plots.layout: the head-split memory figure of the reshape chapter
+
+
+def test_describe_layout_reports_bytes_and_elements():
+    from mha_lab.cpu import split_heads
+    from mha_lab.plots.layout import describe_layout
+
+    view = split_heads(np.zeros((2, 3, 6)), 2)  # (B, L, d_model) -> (B, h, L, d_k)
+    info = describe_layout(view)
+    assert info["strides (elements)"] == (18, 3, 6, 1)
+    assert info["strides (bytes)"] == (144, 24, 48, 8)  # x8 for float64
+    assert info["view"] and not info["C-contiguous"]
+    assert describe_layout(np.ascontiguousarray(view))["C-contiguous"]
+
+
+def test_head_split_layout_lists_offsets_in_visit_order():
+    from mha_lab.plots.layout import plot_head_split_layout
+
+    fig = plot_head_split_layout(seq_len=3, num_heads=2, d_k=3)
+    bottom = [int(t.get_text()) for t in fig.axes[1].texts]
+    assert bottom == [0, 1, 2, 6, 7, 8, 12, 13, 14, 3, 4, 5, 9, 10, 11, 15, 16, 17]
+    assert all(ax.get_xlabel() for ax in fig.axes)
