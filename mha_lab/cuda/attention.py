@@ -1,0 +1,213 @@
+r"""Multi-head attention as a PyTorch module, on CPU or CUDA, with three interchangeable cores.
+
+The parameters follow the NumPy layer of ``mha_lab.cpu``: ``y = X @ W + b`` with ``W`` of
+shape (in_features, out_features), not ``nn.Linear``'s transposed (out, in) layout, so a
+NumPy layer's weights copy across with ``torch.from_numpy`` and no transpose.
+
+The attention core :math:`\mathrm{softmax}(QK^\top/\sqrt{d_k} + M)\,V` is chosen by ``backend``:
+
+* ``"eager"``: the explicit steps (scores, mask, softmax, weighted values) as tensor ops;
+  it materialises the (B, h, L, L) weights and is the one to read;
+* ``"sdpa"``: ``torch.nn.functional.scaled_dot_product_attention``, which dispatches to a
+  fused kernel (flash or memory-efficient on CUDA) and shares K/V heads with ``enable_gqa``;
+* ``"triton"``: our flash-attention kernel, ``mha_lab.cuda.flash.flash_attention`` (CUDA
+  tensors, or any tensors under ``TRITON_INTERPRET=1``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["MultiHeadAttention", "BACKENDS"]
+
+BACKENDS = ("eager", "sdpa", "triton")
+_NAMES = ("Q", "K", "V", "O")
+
+
+def _future_mask(L: int, device: torch.device) -> torch.Tensor:
+    """(L, L) boolean, True strictly above the diagonal: the keys a causal query may not see."""
+    return torch.ones(L, L, dtype=torch.bool, device=device).triu(1)
+
+
+class MultiHeadAttention(nn.Module):
+    r"""Multi-head (and grouped-/multi-query) self-attention with the NumPy layer's weight layout.
+
+    .. math:: \mathrm{out} = \mathrm{Concat}(\mathrm{head}_1, \dots, \mathrm{head}_h)\, W_O + b_O, \quad
+              \mathrm{head}_i = \mathrm{softmax}\Big(\frac{Q_i K_{g(i)}^\top}{\sqrt{d_k}} + M\Big) V_{g(i)}
+
+    with :math:`Q = XW_Q + b_Q` (likewise K, V) and :math:`g(i) = i \,//\, (h / h_{kv})`:
+    ``num_kv_heads=None`` is MHA, ``1`` is MQA, anything between is GQA.
+
+    Shapes: W_Q, W_O: (d_model, d_model); W_K, W_V: (d_model, num_kv_heads * d_k);
+    b_Q, b_O: (d_model,); b_K, b_V: (num_kv_heads * d_k,); d_k = d_model // num_heads.
+    """
+
+    def __init__(self, d_model: int, num_heads: int, num_kv_heads: int | None = None, causal: bool = False,
+                 bias: bool = False, backend: str = "sdpa", device: torch.device | str | None = None,
+                 dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        if min(num_heads, num_kv_heads) < 1:
+            raise ValueError(f"head counts must be positive, got num_heads={num_heads}, num_kv_heads={num_kv_heads}")
+        for whole, part, whole_name, part_name in ((d_model, num_heads, "d_model", "num_heads"),
+                                                   (num_heads, num_kv_heads, "num_heads", "num_kv_heads")):
+            if whole % part:
+                raise ValueError(f"{whole_name}={whole} is not divisible by {part_name}={part}")
+        self.d_model, self.num_heads, self.num_kv_heads = d_model, num_heads, num_kv_heads
+        self.d_k = d_model // num_heads
+        self.n_rep = num_heads // num_kv_heads  # query heads per K/V head
+        self.causal, self.use_bias, self.backend = bool(causal), bool(bias), backend
+        d_kv = num_kv_heads * self.d_k
+        shapes = {"Q": (d_model, d_model), "K": (d_model, d_kv), "V": (d_model, d_kv), "O": (d_model, d_model)}
+        factory = {"device": device, "dtype": dtype}
+        for n, shape in shapes.items():
+            setattr(self, f"W_{n}", nn.Parameter(torch.empty(shape, **factory)))
+            setattr(self, f"b_{n}", nn.Parameter(torch.empty(shape[1], **factory)) if bias else None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        r"""Xavier normal weights, :math:`\sigma = \sqrt{2/(n_{in} + n_{out})}`, and zero biases, as in NumPy."""
+        for n in _NAMES:
+            nn.init.xavier_normal_(getattr(self, f"W_{n}"))
+            if self.use_bias:
+                nn.init.zeros_(getattr(self, f"b_{n}"))
+
+    def extra_repr(self) -> str:
+        return (f"d_model={self.d_model}, num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, "
+                f"causal={self.causal}, bias={self.use_bias}, backend={self.backend!r}")
+
+    @classmethod
+    def from_numpy(cls, layer, causal: bool = False, backend: str = "sdpa", device: torch.device | str | None = None,
+                   dtype: torch.dtype | None = None) -> MultiHeadAttention:
+        """A module holding copies of a ``mha_lab.cpu`` MultiHeadAttention/GroupedQueryAttention's weights.
+
+        The layouts agree, so each array goes through ``torch.from_numpy`` untransposed.
+        ``dtype`` defaults to the layer's (float64 for the reference layer).
+        """
+        needed = ("d_model", "num_heads", "num_kv_heads", "use_bias", "parameters")
+        missing = [a for a in needed if not hasattr(layer, a)]
+        if missing:
+            raise TypeError(f"from_numpy takes a mha_lab.cpu MultiHeadAttention or GroupedQueryAttention; "
+                            f"{type(layer).__name__} lacks {missing}")
+        params = {n: torch.from_numpy(np.ascontiguousarray(a)) for n, a in layer.parameters().items()}
+        module = cls(layer.d_model, layer.num_heads, layer.num_kv_heads, causal=causal, bias=layer.use_bias,
+                     backend=backend, device=device, dtype=dtype or params["W_Q"].dtype)
+        with torch.no_grad():
+            for n, t in params.items():
+                getattr(module, n).copy_(t)  # copy_ converts dtype and device
+        return module
+
+    def to_numpy(self) -> dict[str, np.ndarray]:
+        """The parameters as NumPy arrays keyed like ``mha_lab.cpu`` layers' ``parameters()`` (W_Q ... b_O).
+
+        Load them into a NumPy layer with ``for name, a in m.to_numpy().items(): setattr(layer, name, a)``.
+        """
+        return {name: p.detach().cpu().numpy().copy() for name, p in self.named_parameters()}
+
+    def _project(self, x: torch.Tensor, n: str) -> torch.Tensor:
+        """x @ W_n + b_n: (B, L, in_features) -> (B, L, out_features)."""
+        y = x @ getattr(self, f"W_{n}")
+        return y + getattr(self, f"b_{n}") if self.use_bias else y
+
+    def _check_input(self, x: torch.Tensor) -> None:
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"x must be a torch.Tensor of shape (B, L, d_model), got {type(x).__name__}")
+        if x.dim() != 3:
+            raise ValueError(f"x must have rank 3 (B, L, d_model), got shape {tuple(x.shape)}")
+        if x.shape[-1] != self.d_model:
+            raise ValueError(f"x has d_model={x.shape[-1]} but the layer expects d_model={self.d_model}")
+        if x.shape[1] < 1:
+            raise ValueError("x has length 0: there is nothing to attend to")
+
+    def _full_mask(self, attn_mask: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """Validate ``attn_mask`` and fold the causal mask into it; reject rows with no allowed key."""
+        B, L, _ = x.shape
+        target = (B, self.num_heads, L, L)
+        if not isinstance(attn_mask, torch.Tensor):
+            raise TypeError(f"attn_mask must be a torch.Tensor, got {type(attn_mask).__name__}")
+        if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():
+            raise TypeError(f"attn_mask must be boolean (True = may attend) or additive float, got {attn_mask.dtype}")
+        try:
+            broadcast = tuple(torch.broadcast_shapes(attn_mask.shape, target))
+        except RuntimeError:
+            broadcast = None
+        if broadcast != target:
+            raise ValueError(f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to (B, h, L, L) {target}")
+        if attn_mask.device != x.device:
+            raise ValueError(f"attn_mask is on {attn_mask.device} but x is on {x.device}")
+        mask = attn_mask if attn_mask.dtype == torch.bool else attn_mask.to(x.dtype)
+        if self.causal:
+            future = _future_mask(L, x.device)
+            mask = mask & ~future if mask.dtype == torch.bool else mask.masked_fill(future, float("-inf"))
+        allowed = mask if mask.dtype == torch.bool else mask != float("-inf")
+        if not allowed.any(dim=-1).all():
+            raise ValueError("attn_mask leaves a query with no key to attend to (a fully masked row); "
+                             "True means 'may attend': is the mask inverted?")
+        return mask
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        r"""(B, L, d_model) -> (B, L, d_model).
+
+        ``attn_mask`` broadcasts to (B, h, L, L) and is either boolean, where **True means
+        "may attend"** (as in ``F.scaled_dot_product_attention``), or an additive float mask
+        (0 / -inf). With ``causal=True`` it is combined with the causal mask. A query left
+        with no key raises ValueError. The triton backend takes no ``attn_mask``.
+        """
+        self._check_input(x)
+        B, L, _ = x.shape
+        mask = None if attn_mask is None else self._full_mask(attn_mask, x)
+        # 1. project with one GEMM each, then 2. split the feature axis into heads
+        h, h_kv, d_k = self.num_heads, self.num_kv_heads, self.d_k
+        q = self._project(x, "Q").view(B, L, h, d_k).transpose(1, 2)  # (B, L, d_model) -> (B, h, L, d_k)
+        k = self._project(x, "K").view(B, L, h_kv, d_k).transpose(1, 2)  # (B, L, h_kv*d_k) -> (B, h_kv, L, d_k)
+        v = self._project(x, "V").view(B, L, h_kv, d_k).transpose(1, 2)  # (B, L, h_kv*d_k) -> (B, h_kv, L, d_k)
+        # 3.-5. scores, mask, softmax, weighted values
+        if self.backend == "eager":
+            z = self._eager_attention(q, k, v, mask)
+        elif self.backend == "sdpa":
+            z = self._sdpa_attention(q, k, v, mask)
+        else:
+            z = self._triton_attention(q, k, v, mask)
+        # 6. merge the heads, then 7. the output projection
+        z = z.transpose(1, 2).reshape(B, L, self.d_model)  # (B, h, L, d_k) -> (B, L, h, d_k) -> (B, L, d_model)
+        return self._project(z, "O")
+
+    def _eager_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                         mask: torch.Tensor | None) -> torch.Tensor:
+        """The core step by step; materialises the (B, h, L, L) weights."""
+        L = q.shape[-2]
+        k = k.repeat_interleave(self.n_rep, dim=1)  # (B, h_kv, L, d_k) -> (B, h, L, d_k): head i reads i // n_rep
+        v = v.repeat_interleave(self.n_rep, dim=1)  # (B, h_kv, L, d_k) -> (B, h, L, d_k)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_k)  # (B, h, L, d_k) @ (B, h, d_k, L) -> (B, h, L, L)
+        if mask is None and self.causal:
+            scores = scores.masked_fill(_future_mask(L, q.device), float("-inf"))
+        elif mask is not None and mask.dtype == torch.bool:
+            scores = scores.masked_fill(~mask, float("-inf"))  # True = may attend, so fill where False
+        elif mask is not None:
+            scores = scores + mask
+        weights = torch.softmax(scores, dim=-1)  # (B, h, L, L), rows sum to 1
+        return weights @ v  # (B, h, L, L) @ (B, h, L, d_k) -> (B, h, L, d_k)
+
+    def _sdpa_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                        mask: torch.Tensor | None) -> torch.Tensor:
+        """PyTorch's fused attention; K/V heads are shared, not repeated, when h_kv < h."""
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=self.causal and mask is None,
+                                              enable_gqa=self.n_rep > 1)  # (B, h, L, d_k)
+
+    def _triton_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                          mask: torch.Tensor | None) -> torch.Tensor:
+        """Our Triton flash kernel (imported here, so that the other backends never need Triton)."""
+        if mask is not None:
+            raise ValueError("the triton backend takes no attn_mask (only causal=True); use backend='sdpa'")
+        try:
+            from mha_lab.cuda.flash import flash_attention
+        except ImportError as err:
+            raise RuntimeError(f"backend='triton' needs the triton package ({err}); use backend='sdpa'") from err
+        return flash_attention(q, k, v, causal=self.causal)  # (B, h, L, d_k)
