@@ -19,8 +19,18 @@ $(STAMP): requirements.txt pyproject.toml
 	$(BIN)/python -m pip install --quiet -r requirements.txt
 	touch $(STAMP)
 
+# Chapters are MyST notebooks; their .ipynb twins (for Colab/Binder) are regenerated first, or only checked in CI.
+# Execution is "cache" per _config.yml; with CI set, a copy of the config switches it to "force".
 book: $(STAMP)
-	$(BIN)/jupyter-book build .
+	$(BIN)/python tests/test_book.py $${CI:+--check}
+	mkdir -p _build
+	config=_config.yml; \
+	if [ -n "$${CI:-}" ]; then \
+	  config=_build/_config.ci.yml; \
+	  sed 's/^  execute_notebooks: cache /  execute_notebooks: force /' _config.yml > $$config; \
+	  grep -q '^  execute_notebooks: force ' $$config || { echo "could not switch execution to force" >&2; exit 1; }; \
+	fi; \
+	$(BIN)/jupyter-book build . --config $$config
 
 test: $(STAMP)
 	status=0; $(BIN)/python -m pytest -q || status=$$?; \
@@ -37,7 +47,7 @@ bench: $(STAMP)
 	$(BIN)/python -m mha_lab bench
 
 serve: book
-	$(BIN)/python -m http.server --directory _build/html 8000
+	$(BIN)/python -m http.server --bind 127.0.0.1 --directory _build/html 8000
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -1,0 +1,289 @@
+"""Fast checks of the book's sources: no build, no browser.
+
+The chapters are MyST markdown notebooks (``book/NN_*.md``, the files the site is built from). Each
+has a committed ``.ipynb`` twin next to it, for the Colab and Binder launch buttons: the same cells
+plus a first cell that installs ``mha_lab`` when it is missing. This module also writes those twins:
+
+    python tests/test_book.py          # regenerate the .ipynb twins (``make book`` does this)
+    python tests/test_book.py --check  # exit 1 when a twin is out of date (``make book`` in CI)
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import sys
+from pathlib import Path
+
+import jupytext
+import nbformat
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+BOOK = ROOT / "book"
+
+# The book's fixed plan: file stem -> label of its first heading, in reading order.
+PAGES = {
+    "intro": "home",
+    "notation": "notation",
+    "01_intuition": "ch-intuition",
+    "02_math": "ch-math",
+    "03_reshape": "ch-reshape",
+    "04_masking": "ch-masking",
+    "05_backward": "ch-backward",
+    "06_flops_memory": "ch-flops",
+    "07_gqa_mqa": "ch-gqa",
+    "08_memory_efficient": "ch-memory",
+    "09_tensor_parallel": "ch-tp",
+    "10_pitfalls": "ch-pitfalls",
+    "11_grading": "ch-grading",
+    "bibliography": "bibliography",
+}
+CHAPTERS = [stem for stem in PAGES if re.match(r"(0\d|10)_", stem)]  # the chapters that teach: 01 to 10
+BIB_KEYS = {
+    "vaswani2017attention", "shazeer2019fast", "ainslie2023gqa", "dao2022flashattention",
+    "dao2023flashattention2", "rabe2021self", "shoeybi2019megatron", "milakov2018online",
+}
+
+
+# --------------------------------------------------------------------------------------------
+# The .ipynb twins
+# --------------------------------------------------------------------------------------------
+
+def repository_url() -> str:
+    """The repository URL from ``_config.yml``, the one place that names it."""
+    return yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["url"]
+
+
+def setup_cell_source() -> str:
+    """First cell of every twin: install mha_lab where it is missing (Colab), a no-op elsewhere."""
+    return (
+        "# Set-up for Colab: install mha_lab from the repository when it is not installed yet.\n"
+        "import importlib.util\n"
+        "\n"
+        'if importlib.util.find_spec("mha_lab") is None:\n'
+        f'    %pip install --quiet "mha_lab @ git+{repository_url()}"'
+    )
+
+
+def is_notebook_source(path: Path) -> bool:
+    """True for a MyST markdown notebook: a .md file whose front matter names a kernel."""
+    text = path.read_text()
+    if not text.startswith("---\n"):
+        return False
+    front = text.split("\n---\n", 1)[0]
+    return "kernelspec:" in front
+
+
+def notebook_sources() -> list[Path]:
+    return sorted(p for p in BOOK.glob("*.md") if is_notebook_source(p))
+
+
+def paired_notebook(md: Path) -> str:
+    """The .ipynb twin of a MyST notebook, as text: deterministic, without outputs."""
+    nb = jupytext.read(md)
+    setup = nbformat.v4.new_code_cell(setup_cell_source(), metadata={"tags": ["remove-cell"]})
+    nb.cells.insert(0, setup)
+    for i, cell in enumerate(nb.cells):
+        cell.id = f"cell-{i:03d}"  # stable ids keep the twin reproducible
+    nb.metadata = {
+        "kernelspec": nb.metadata["kernelspec"],
+        "language_info": {"name": "python"},
+        "colab": {"provenance": []},
+    }
+    return jupytext.writes(nb, fmt="ipynb")
+
+
+def sync_notebooks(check: bool = False) -> list[Path]:
+    """Write (or with ``check`` only list) the twins that are missing or out of date."""
+    stale = []
+    for md in notebook_sources():
+        twin, text = md.with_suffix(".ipynb"), paired_notebook(md)
+        if not twin.exists() or twin.read_text() != text:
+            stale.append(twin)
+            if not check:
+                twin.write_text(text)
+    return stale
+
+
+# --------------------------------------------------------------------------------------------
+# Reading the sources
+# --------------------------------------------------------------------------------------------
+
+def toc_entries() -> list[str]:
+    """Every ``file:`` of ``_toc.yml`` (and its root), in order, as paths without suffix."""
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    entries = [toc["root"]]
+
+    def walk(node):
+        if isinstance(node, dict):
+            if "file" in node:
+                entries.append(node["file"])
+            for key in ("parts", "chapters", "sections"):
+                for child in node.get(key, []):
+                    walk(child)
+
+    walk(toc)
+    return entries
+
+
+def page_source(stem: str) -> Path:
+    return BOOK / f"{stem}.md"
+
+
+def code_cells(md: Path) -> list[str]:
+    return [c.source for c in jupytext.read(md).cells if c.cell_type == "code"]
+
+
+def package_public_names() -> set[str]:
+    """Top-level public functions and classes of mha_lab, read from the source (no import)."""
+    names = set()
+    for path in (ROOT / "mha_lab").rglob("*.py"):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                if not node.name.startswith("_"):
+                    names.add(node.name)
+    return names
+
+
+def existing_chapters() -> list[str]:
+    return [stem for stem in CHAPTERS if page_source(stem).exists()]
+
+
+# --------------------------------------------------------------------------------------------
+# Tests
+# --------------------------------------------------------------------------------------------
+
+def test_toc_entries_exist():
+    missing = [e for e in toc_entries() if not (ROOT / f"{e}.md").exists() and not (ROOT / f"{e}.ipynb").exists()]
+    assert not missing, f"_toc.yml lists pages that do not exist: {missing}"
+
+
+def test_toc_lists_the_planned_pages_in_order():
+    assert toc_entries() == [f"book/{stem}" for stem in PAGES], "the toc must list the book's pages in reading order"
+
+
+def test_every_page_in_book_is_in_the_toc():
+    listed = set(toc_entries())
+    orphans = [p.name for p in BOOK.glob("*.md") if f"book/{p.stem}" not in listed]
+    assert not orphans, f"pages in book/ missing from _toc.yml: {orphans}"
+
+
+@pytest.mark.parametrize("stem", list(PAGES))
+def test_page_starts_with_its_label(stem):
+    md = page_source(stem)
+    if not md.exists():
+        pytest.fail(f"{md.relative_to(ROOT)} does not exist")
+    body = md.read_text()
+    if body.startswith("---\n"):
+        body = body.split("\n---\n", 1)[1]
+    first = [line for line in body.splitlines() if line.strip()][:2]
+    assert first[0] == f"({PAGES[stem]})=", f"{md.name} must open with the label ({PAGES[stem]})="
+    assert first[1].startswith("# "), f"{md.name}: the label must sit right above the page title"
+
+
+def test_paired_notebooks_are_in_sync():
+    stale = sync_notebooks(check=True)
+    assert not stale, f"out-of-date .ipynb twins, run `make book` or `python tests/test_book.py`: {stale}"
+    twins = {p.stem for p in BOOK.glob("*.ipynb")}
+    sources = {p.stem for p in notebook_sources()}
+    assert twins == sources, f".ipynb files without a MyST source: {sorted(twins - sources)}"
+
+
+def test_paired_notebook_installs_mha_lab_first():
+    md = next(iter(notebook_sources()), None)
+    assert md is not None, "no chapter notebook found in book/"
+    nb = nbformat.reads(paired_notebook(md), as_version=4)
+    first = nb.cells[0]
+    assert first.cell_type == "code" and "%pip install" in first.source and repository_url() in first.source
+    assert 'find_spec("mha_lab") is None' in first.source, "the install must be skipped where mha_lab exists"
+    assert [c.source for c in nb.cells[1:]] == [c.source for c in jupytext.read(md).cells]
+
+
+@pytest.mark.parametrize("stem", CHAPTERS)
+def test_chapter_is_a_notebook(stem):
+    md = page_source(stem)
+    if not md.exists():
+        pytest.fail(f"{md.relative_to(ROOT)} does not exist")
+    assert is_notebook_source(md), f"{md.name} needs jupytext front matter with a python3 kernelspec"
+    assert jupytext.read(md).metadata["kernelspec"]["name"] == "python3"
+
+
+@pytest.mark.parametrize("stem", CHAPTERS)
+def test_chapter_ends_with_exercises_and_folded_solutions(stem):
+    md = page_source(stem)
+    if not md.exists():
+        pytest.fail(f"{md.relative_to(ROOT)} does not exist")
+    text = md.read_text()
+    assert re.search(r"^## Exercises\s*$", text, re.M), f"{md.name} has no '## Exercises' section"
+    exercises = re.findall(r"^(`{3,}|:{3,})\{exercise\}.*?\n((?:\s*:\w[\w-]*:.*\n)*)", text, re.M)
+    assert exercises, f"{md.name} has no {{exercise}} directive"
+    labels = []
+    for _fence, options in exercises:
+        label = re.search(r":label:\s*(\S+)", options)
+        assert label, f"{md.name}: every exercise needs a :label:"
+        labels.append(label.group(1))
+    solutions = re.findall(r"^(`{3,}|:{3,})\{solution\}\s*(\S+)\s*\n((?:\s*:\w[\w-]*:.*\n)*)", text, re.M)
+    solved = {target for _fence, target, _options in solutions}
+    assert set(labels) <= solved, f"{md.name}: exercises without a solution: {sorted(set(labels) - solved)}"
+    for _fence, target, options in solutions:
+        assert re.search(r":class:\s*dropdown", options), f"{md.name}: solution to {target} is not folded"
+
+
+@pytest.mark.parametrize("stem", CHAPTERS)
+def test_chapter_links_a_graded_assignment(stem):
+    md = page_source(stem)
+    if not md.exists():
+        pytest.fail(f"{md.relative_to(ROOT)} does not exist")
+    assert re.search(r"\{ref\}`(?:[^`<]*<)?assignment-ps[1-4]>?`", md.read_text()), (
+        f"{md.name} does not link a graded assignment ({{ref}}`assignment-psN`)"
+    )
+
+
+@pytest.mark.parametrize("stem", CHAPTERS)
+def test_chapter_does_not_redefine_package_code(stem):
+    md = page_source(stem)
+    if not md.exists():
+        pytest.fail(f"{md.relative_to(ROOT)} does not exist")
+    public = package_public_names()
+    for source in code_cells(md):
+        python = "\n".join(line for line in source.splitlines() if not line.lstrip().startswith(("%", "!")))
+        for node in ast.walk(ast.parse(python)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                defined = [node.name]
+            elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Lambda):
+                defined = [t.id for t in node.targets if isinstance(t, ast.Name)]
+            else:
+                continue
+            clash = sorted(set(defined) & public)
+            assert not clash, f"{md.name} redefines mha_lab's {clash}: import it instead"
+
+
+def test_grading_page_has_a_section_per_assignment():
+    text = page_source("11_grading").read_text()
+    for n, name in enumerate(["ps1_per_head_loop", "ps2_mqa", "ps3_memory_efficient", "ps4_backward"], start=1):
+        assert f"(assignment-ps{n})=" in text, f"11_grading.md lacks the label assignment-ps{n}"
+        assert f"{{download}}`../assignments/{name}/{name}.ipynb`" in text or (
+            f"<../assignments/{name}/{name}.ipynb>`" in text
+        ), f"11_grading.md does not offer {name}.ipynb for download"
+
+
+def test_bibliography_has_exactly_the_agreed_keys():
+    keys = set(re.findall(r"^@\w+\{([^,]+),", (BOOK / "references.bib").read_text(), re.M))
+    assert keys == BIB_KEYS
+
+
+def test_every_citation_is_in_the_bibliography():
+    for md in BOOK.glob("*.md"):
+        for group in re.findall(r"\{cite(?::\w+)?\}`([^`]+)`", md.read_text()):
+            unknown = {k.strip() for k in group.split(",")} - BIB_KEYS
+            assert not unknown, f"{md.name} cites unknown keys {sorted(unknown)}"
+
+
+if __name__ == "__main__":
+    check = "--check" in sys.argv[1:]
+    stale = sync_notebooks(check=check)
+    for path in stale:
+        print(f"{'out of date' if check else 'wrote'}: {path.relative_to(ROOT)}")
+    sys.exit(1 if check and stale else 0)
