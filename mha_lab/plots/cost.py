@@ -17,7 +17,7 @@ from mha_lab.analysis import MODEL_CONFIGS, ModelConfig, flops_breakdown, gib, k
 from mha_lab.cpu import MultiHeadAttention, chunked_attention, head_by_head_forward, merge_heads, split_heads
 
 __all__ = [
-    "markdown_table", "flops_table", "memory_table", "kv_cache_table",
+    "markdown_table", "flops_table", "memory_table", "heads_table", "kv_cache_table",
     "plot_flops_vs_length", "plot_kv_cache_vs_context",
     "fit_power_law", "peak_memory", "peak_memory_vs_length", "plot_peak_memory", "plot_time_vs_length",
 ]
@@ -67,6 +67,20 @@ def memory_table(sizes: Iterable[tuple[int, int, int, int]], dtype="float32") ->
     names = list(memory_breakdown(1, 1, 1, 1))
     return markdown_table(["B", "L", "d_model", "h", *(f"{n} (MiB)" for n in names), "total (MiB)", "share of A"],
                           rows)
+
+
+def heads_table(batch_size: int, seq_len: int, d_model: int, heads: Iterable[int], dtype="float16") -> str:
+    """What changes with the number of heads at fixed d_model: matmul FLOPs (nothing), softmax FLOPs and
+    the attention-weight memory (both grow like h)."""
+    rows = []
+    for h in heads:
+        f = flops_breakdown(batch_size, seq_len, d_model, h)
+        matmul = sum(v for k, v in f.items() if k != "softmax")
+        a = memory_breakdown(batch_size, seq_len, d_model, h, dtype=dtype)["attention_weights"]
+        rows.append((h, d_model // h, f"{matmul:.4e}", f"{f['softmax']:.3e}", f"{f['softmax'] / matmul:.2%}",
+                     f"{a / 2**20:,.0f}"))
+    return markdown_table(["h", "d_k", "matmul FLOPs", "softmax FLOPs", "softmax / matmul",
+                           f"attention weights (MiB, {dtype})"], rows)
 
 
 def kv_cache_table(seq_len: int = 4096, dtype="float16", configs: Iterable[ModelConfig] | None = None) -> str:
