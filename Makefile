@@ -36,8 +36,9 @@ test: $(STAMP)
 	status=0; $(BIN)/python -m pytest -q || status=$$?; \
 	if [ $$status -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; exit $$status
 
+# Releases in assignments/ from the sources in solutions/ (all of them, or A=<assignment>).
 assignments: $(STAMP)
-	$(BIN)/nbgrader generate_assignment --force --CourseDirectory.db_assignments='[]' $(if $(A),$(A),--all)
+	for a in $(if $(A),$(A),$$(ls solutions)); do PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/nbgrader generate_assignment "$$a" --force; done
 
 grade: $(STAMP)
 	@test -n "$(A)" || { echo "usage: make grade A=<assignment>, e.g. A=ps1_per_head_loop" >&2; exit 2; }

@@ -14,6 +14,7 @@ Every failure is an ``AssertionError`` whose message names the property and the 
 from __future__ import annotations
 
 import builtins
+import copy
 import importlib
 import sys
 import tracemalloc
@@ -29,6 +30,8 @@ __all__ = [
     "Submission",
     "call",
     "call_with_peak",
+    "call_replacing",
+    "invoke",
     "forbid_reference",
     "expect_array",
     "expect_close",
@@ -84,38 +87,48 @@ def call(student: Mapping[str, Any], name: str, *args: Any, **kwargs: Any) -> An
     """Step 2 of a check: run the student's ``name(*args, **kwargs)`` and return its result.
 
     Fails when ``name`` is missing, still raises NotImplementedError, raises anything else,
-    or takes its answer from mha_lab (``forbid_reference``). A ``RemoteSubmission`` runs the
-    call in the student's process instead of here.
+    or takes its answer from mha_lab (``forbid_reference``). A remote submission
+    (``mha_lab.grading.remote``) runs the call in the student's process instead of here.
     """
-    if hasattr(student, "remote_call"):
-        return student.remote_call(name, args, kwargs, measure=False)[0]
-    fn = _lookup(student, name)
-    allowed = getattr(student, "allowed", frozenset())
-    forbid_reference(student, name, allowed=allowed)
-    with _Tripwires(fn, allowed) as hits:
-        try:
-            result = _run(name, fn, args, kwargs)
-        except AssertionError:
-            _fail_if_used(name, hits)  # "uses mha_lab..." explains the error better than the tripwire's
-            raise
-    _fail_if_used(name, hits)
-    return result
+    return invoke(student, name, args, kwargs)[0]
 
 
 def call_with_peak(student: Mapping[str, Any], name: str, *args: Any, **kwargs: Any) -> tuple[Any, int]:
     """Like ``call``, and also return the peak bytes the call allocated (tracemalloc)."""
+    return invoke(student, name, args, kwargs, measure=True)
+
+
+def call_replacing(student: Mapping[str, Any], replace: Mapping[str, str], name: str,
+                   *args: Any, **kwargs: Any) -> Any:
+    """Like ``call``, with some of the student's helpers swapped for references during the call.
+
+    ``replace`` maps a notebook name to a dotted path, e.g. ``{"attention":
+    "mha_lab.cpu.scaled_dot_product_attention"}``: the loop that calls ``attention`` is then
+    judged on its own, and a bug in ``attention`` is not charged twice.
+    """
+    return invoke(student, name, args, kwargs, replace=replace)[0]
+
+
+def invoke(student: Mapping[str, Any], name: str, args: tuple, kwargs: dict, *, measure: bool = False,
+           replace: Mapping[str, str] | None = None) -> tuple[Any, int | None]:
+    """The one way a check runs student code: returns ``(result, peak bytes or None)``."""
     if hasattr(student, "remote_call"):
-        return student.remote_call(name, args, kwargs, measure=True)
+        return student.remote_call(name, args, kwargs, measure=measure, replace=dict(replace or {}))
     fn = _lookup(student, name)
     allowed = getattr(student, "allowed", frozenset())
     forbid_reference(student, name, allowed=allowed)
-    with _Tripwires(fn, allowed) as hits:
+    args, kwargs = copy.deepcopy((args, kwargs))  # the student's code may write into its inputs
+    with _Tripwires(fn, allowed) as wires:
+        wires.substitute(replace or {})
         try:
-            result, peak = _measure(lambda: _run(name, fn, args, kwargs))
+            if measure:
+                result, peak = _measure(lambda: _run(name, fn, args, kwargs))
+            else:
+                result, peak = _run(name, fn, args, kwargs), None
         except AssertionError:
-            _fail_if_used(name, hits)
+            _fail_if_used(name, wires.hits)  # "uses mha_lab..." explains the error better than the tripwire's
             raise
-    _fail_if_used(name, hits)
+    _fail_if_used(name, wires.hits)
     return result, peak
 
 
@@ -227,14 +240,18 @@ def forbid_reference(student: Mapping[str, Any], name: str, allowed: Iterable[st
 class _Tripwire:
     """Stands in for a reference implementation during the student's call and records its use."""
 
-    def __init__(self, label: str, hits: list[str]) -> None:
-        self.label, self.hits = label, hits
+    def __init__(self, label: str, original: Callable, wires: _Tripwires) -> None:
+        self.label, self.original, self.wires = label, original, wires
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        self.hits.append(self.label)
+        if self.wires.suspended:  # a reference the check itself substituted is running
+            return self.original(*args, **kwargs)
+        self.wires.hits.append(self.label)
         raise RuntimeError(f"{self.label} is not available while grading this function")
 
-    def __get__(self, obj: Any, objtype: Any = None) -> _Tripwire:  # also works as a method
+    def __get__(self, obj: Any, objtype: Any = None) -> Any:  # also stands in for a method
+        if obj is None or self.wires.suspended:
+            return self if obj is None else self.original.__get__(obj, objtype)
         return self
 
 
@@ -244,7 +261,29 @@ class _Tripwires:
     def __init__(self, fn: Callable, allowed: frozenset[str]) -> None:
         self.fn, self.allowed = fn, allowed
         self.hits: list[str] = []
+        self.suspended = 0
         self.saved: list[tuple[Any, str, Any, bool]] = []
+
+    def substitute(self, replace: Mapping[str, str]) -> None:
+        """Put trusted references in place of the student's helpers named in ``replace``."""
+        scope = getattr(self.fn, "__globals__", None)
+        for attr, dotted in replace.items():
+            if scope is None or attr not in scope:
+                continue
+            module, _, func = dotted.rpartition(".")
+            reference = getattr(importlib.import_module(module), func)
+            if isinstance(reference, _Tripwire):
+                reference = reference.original
+
+            def trusted(*args: Any, _ref: Callable = reference, **kwargs: Any) -> Any:
+                self.suspended += 1
+                try:
+                    return _ref(*args, **kwargs)
+                finally:
+                    self.suspended -= 1
+
+            self.saved.append((scope, attr, scope[attr], True))
+            scope[attr] = trusted
 
     def _replace(self, holder: Any, attr: str, label: str) -> None:
         is_dict = isinstance(holder, dict)
@@ -252,13 +291,13 @@ class _Tripwires:
         if old is None or isinstance(old, _Tripwire):
             return
         self.saved.append((holder, attr, old, is_dict))
-        wire = _Tripwire(label, self.hits)
+        wire = _Tripwire(label, old, self)
         if is_dict:
             holder[attr] = wire
         else:
             setattr(holder, attr, wire)
 
-    def __enter__(self) -> list[str]:
+    def __enter__(self) -> _Tripwires:
         forbidden = _reference_names(self.allowed)
         scope = getattr(self.fn, "__globals__", {})
         holders = [m for n, m in list(sys.modules.items()) if m is not None and n.startswith(REFERENCE_MODULES)]
@@ -275,7 +314,7 @@ class _Tripwires:
         if torch_f is not None:
             for attr in TORCH_REFERENCES["torch.nn.functional"]:
                 self._replace(torch_f, attr, f"torch.nn.functional.{attr}")
-        return self.hits
+        return self
 
     def _wire(self, holder: Any, attr: str, module_label: str) -> None:
         value = holder[attr] if isinstance(holder, dict) else getattr(holder, attr)
@@ -306,8 +345,12 @@ def _fail_if_used(name: str, hits: list[str]) -> None:
 # --- judging -------------------------------------------------------------------------------------
 
 
-def expect_array(value: Any, *, what: str, shape: tuple[int, ...], dtype: Any = np.float64) -> np.ndarray:
-    """Type, shape, dtype and finiteness, in that order, each failure naming ``what``."""
+def expect_array(value: Any, *, what: str, shape: tuple[int, ...], dtype: Any = np.float64,
+                 hint: str = "overflow in exp (softmax without subtracting the max?) or a wrong mask") -> np.ndarray:
+    """Type, shape, dtype and finiteness, in that order, each failure naming ``what``.
+
+    ``hint`` is the likely bug when entries are NaN or inf.
+    """
     if type(value) is not np.ndarray:
         raise AssertionError(f"{what}: expected a numpy.ndarray, got {type(value).__name__}")
     if value.shape != tuple(shape):
@@ -316,7 +359,7 @@ def expect_array(value: Any, *, what: str, shape: tuple[int, ...], dtype: Any = 
         raise AssertionError(f"{what}: expected dtype {np.dtype(dtype)}, got {value.dtype}")
     if not np.isfinite(value).all():
         bad = int(np.size(value) - np.isfinite(value).sum())
-        raise AssertionError(f"{what}: {bad} entries are NaN or inf (overflow in exp? an unguarded mask?)")
+        raise AssertionError(f"{what}: {bad} entries are NaN or inf. Likely bug: {hint}")
     return value
 
 

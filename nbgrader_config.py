@@ -1,0 +1,37 @@
+"""nbgrader configuration of MHA Lab: the course root is the directory nbgrader runs in.
+
+Sources (instructor notebooks) live in ``solutions/``, releases in ``assignments/``; students'
+work goes to ``submitted/<student>/<assignment>/``. ``make assignments`` and ``make grade`` use it.
+"""
+
+from nbgrader.preprocessors import (
+    CheckCellMetadata,
+    ClearHiddenTests,
+    ClearMarkScheme,
+    ClearOutput,
+    ComputeChecksums,
+    IncludeHeaderFooter,
+    InstantiateTests,
+    LockCells,
+    SaveCells,
+)
+
+from mha_lab.grading.stubs import TaskStubs
+
+c = get_config()  # noqa: F821 - provided by traitlets when it loads this file
+
+c.CourseDirectory.course_id = "mha_lab"
+c.CourseDirectory.source_directory = "solutions"
+c.CourseDirectory.release_directory = "assignments"
+
+# Stubs name their task: raise NotImplementedError("ps2_mqa task 1: mqa_forward").
+c.GenerateAssignment.preprocessors = [
+    IncludeHeaderFooter, InstantiateTests, LockCells, TaskStubs, ClearOutput, CheckCellMetadata,
+    ComputeChecksums, SaveCells, ClearHiddenTests, ClearMarkScheme, ComputeChecksums, CheckCellMetadata,
+]
+c.ClearSolutions.code_stub = {"python": 'raise NotImplementedError("write your solution here")'}
+
+# Autograde: restore any deleted or edited read-only cell, and stop a cell that hangs.
+c.OverwriteCells.add_missing_cells = True
+c.Execute.timeout = 60  # seconds per cell; the solutions need well under a second per cell
+c.Execute.interrupt_on_timeout = True
