@@ -1,0 +1,566 @@
+"""Side-by-side timing and peak memory of every attention implementation: ``python -m mha_lab bench``.
+
+Every implementation gets the same weights and the same input, and its output is checked
+against the NumPy float64 reference once per shape before anything is timed. Repeats are
+interleaved (round-robin over implementations), so drift on a shared machine hits all of
+them alike, and each time is the median of the repeats.
+
+Peak memory: ``tracemalloc`` for NumPy (NumPy reports its buffers to it); for PyTorch on CPU,
+the running sum of allocations and frees that ``torch.profiler`` records with
+``profile_memory=True``. Achieved GFLOP/s use ``count_flops`` and are compared
+with a plain BLAS matrix product measured in the same run: the practical ceiling here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import glob
+import json
+import os
+import platform
+import time
+import tracemalloc
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from mha_lab.analysis import count_flops
+from mha_lab.cpu import (
+    MultiHeadAttention,
+    chunked_attention,
+    head_by_head_forward,
+    merge_heads,
+    per_head_attention,
+    split_heads,
+)
+from mha_lab.testing import tolerances
+
+__all__ = ["median_time", "peak_memory", "torch_peak_memory", "fit_exponent", "chunked_forward", "run_suite",
+           "BenchResults", "main"]
+
+SECTIONS = ("forward", "backward", "memory", "gemm")
+MAX_SCORE_BYTES = 2 * 2**30  # skip implementations that would hold a (B, h, L, L) tensor larger than this
+TARGET_H = 8  # the head count at which the four targets are judged
+
+
+# --------------------------------------------------------------------------------------------
+# measuring one thing
+
+
+def interleaved_times(fns: dict[str, Callable[[], object]], repeat: int = 5, warmup: int = 1) -> dict[str, float]:
+    """Median wall time in seconds of each function, running them round-robin ``repeat`` times."""
+    if repeat < 1:
+        raise ValueError(f"repeat must be at least 1, got {repeat}")
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeat):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return {name: float(np.median(t)) for name, t in times.items()}
+
+
+def median_time(fn: Callable[[], object], repeat: int = 5, warmup: int = 1) -> float:
+    """Median wall time of ``fn()`` in seconds over ``repeat`` calls, after ``warmup`` untimed calls."""
+    return interleaved_times({"fn": fn}, repeat, warmup)["fn"]
+
+
+def peak_memory(fn: Callable[[], object]) -> int:
+    """Peak bytes allocated while ``fn()`` runs, as seen by ``tracemalloc`` (NumPy buffers included).
+
+    The result of ``fn`` is dropped inside the measurement, so only its working memory and
+    output count, not arrays that existed before the call.
+    """
+    tracemalloc.start()
+    try:
+        fn()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return int(peak)
+
+
+def torch_peak_memory(fn: Callable[[], object]) -> int:
+    """Peak bytes that PyTorch's CPU allocator holds while ``fn()`` runs, from ``torch.profiler``.
+
+    With ``profile_memory=True`` each operator reports the bytes it allocated and the profiler
+    logs each free; their running sum in time order peaks at the working memory of ``fn``.
+    ``tracemalloc`` cannot see PyTorch's buffers, hence this second method.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events = sorted(prof.events(), key=lambda e: e.time_range.start)
+    running = peak = 0
+    for e in events:
+        running += e.self_cpu_memory_usage
+        peak = max(peak, running)
+    return int(peak)
+
+
+def fit_exponent(xs, ys) -> float:
+    r"""Slope :math:`p` of the least-squares line :math:`\log y = p \log x + c` (y grows like :math:`x^p`)."""
+    xs, ys = np.asarray(xs, dtype=float), np.asarray(ys, dtype=float)
+    if xs.size < 2 or np.unique(xs).size < 2:
+        raise ValueError(f"fitting an exponent needs at least two distinct x values, got {xs.tolist()}")
+    if np.any(xs <= 0) or np.any(ys <= 0):
+        raise ValueError("fitting an exponent on log axes needs positive values")
+    return float(np.polyfit(np.log(xs), np.log(ys), 1)[0])
+
+
+# --------------------------------------------------------------------------------------------
+# threads and machine
+
+
+def _openblas_threads_fn(suffix: str):
+    import numpy  # the wheel's bundled OpenBLAS sits next to the package
+
+    for lib in glob.glob(os.path.join(os.path.dirname(numpy.__file__) + ".libs", "*openblas*.so*")):
+        cdll = ctypes.CDLL(lib)
+        for prefix in ("scipy_openblas_", "openblas_"):
+            for end in ("64_", "_64_", ""):
+                fn = getattr(cdll, f"{prefix}{suffix}{end}", None)
+                if fn is not None:
+                    return fn
+    return None
+
+
+def blas_threads(n: int | None = None) -> int | None:
+    """NumPy's OpenBLAS thread count, after setting it to ``n`` when given; None if not OpenBLAS."""
+    if n is not None:
+        setter = _openblas_threads_fn("set_num_threads")
+        if setter is not None:
+            setter(ctypes.c_int(n))
+    getter = _openblas_threads_fn("get_num_threads")
+    return int(getter()) if getter is not None else None
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch
+
+
+def machine_info(threads: int = 1) -> dict:
+    """CPU model, core count, library versions and the thread counts the run uses (pinned to ``threads``)."""
+    torch = _torch()
+    if torch is not None:
+        torch.set_num_threads(threads)
+    cpu = platform.processor()
+    if os.path.exists("/proc/cpuinfo"):
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+    return {
+        "cpu": cpu, "nproc": os.cpu_count(), "python": platform.python_version(), "numpy": np.__version__,
+        "blas": f"{blas.get('name')} {blas.get('version')}", "blas_threads": blas_threads(threads),
+        "torch": torch.__version__ if torch is not None else None,
+        "torch_threads": torch.get_num_threads() if torch is not None else None,
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# the implementations, all computing the same layer
+
+
+def chunked_forward(X: np.ndarray, layer, block_q: int = 256, block_k: int = 512) -> np.ndarray:
+    """The layer's forward with ``chunked_attention`` as its core: no (L, L) matrix is formed.
+
+    Shapes: X: (B, L, d_model) -> (B, L, d_model).
+    """
+    X = layer._check_input(X)
+    Q = split_heads(layer._project(X, "Q"), layer.num_heads)  # (B, L, d_model) -> (B, h, L, d_k)
+    K = split_heads(layer._project(X, "K"), layer.num_kv_heads)  # (B, L, d_model) -> (B, h_kv, L, d_k)
+    V = split_heads(layer._project(X, "V"), layer.num_kv_heads)  # (B, L, d_model) -> (B, h_kv, L, d_k)
+    Z = chunked_attention(Q, K, V, block_q=block_q, block_k=block_k)  # (B, h, L, d_k)
+    del Q, K, V  # free the projections before the output projection allocates
+    return layer._project(merge_heads(Z), "O")  # (B, h, L, d_k) -> (B, L, d_model) -> (B, L, d_model)
+
+
+def _fused(layer) -> Callable[[np.ndarray], np.ndarray]:
+    def forward(X: np.ndarray) -> np.ndarray:
+        layer._cache = layer.attention_weights = None  # drop the last call's (B, h, L, L) buffers first
+        return layer.forward(X)
+
+    return forward
+
+
+def _numpy_forwards(layer: MultiHeadAttention, layer32: MultiHeadAttention) -> dict[tuple[str, str], tuple]:
+    """(impl, dtype) -> (forward(X), input dtype, holds the full (B, h, L, L) scores)."""
+    return {
+        ("numpy fused", "float64"): (_fused(layer), np.float64, True),
+        ("numpy fused", "float32"): (_fused(layer32), np.float32, True),
+        ("per-head loop", "float64"): (lambda X: per_head_attention(X, layer)[0], np.float64, True),
+        ("head by head", "float64"): (lambda X: head_by_head_forward(X, layer), np.float64, False),
+        ("chunked", "float64"): (lambda X: chunked_forward(X, layer), np.float64, False),
+    }
+
+
+def _torch_weights(layer, requires_grad: bool = False) -> dict:
+    torch = _torch()
+    return {n: torch.from_numpy(getattr(layer, f"W_{n}")).clone().requires_grad_(requires_grad) for n in "QKVO"}
+
+
+def _torch_attention(W: dict, num_heads: int, backend: str) -> Callable:
+    """Plain PyTorch attention with the NumPy layer's weights; ``backend`` is "eager" or "sdpa"."""
+    torch = _torch()
+
+    def forward(x):
+        B, L, d = x.shape
+        # (B, L, d_model) -> (B, L, h, d_k) -> (B, h, L, d_k)
+        q, k, v = ((x @ W[n]).view(B, L, num_heads, d // num_heads).transpose(1, 2) for n in "QKV")
+        if backend == "sdpa":
+            z = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        else:
+            s = q @ k.transpose(-2, -1) / (d // num_heads) ** 0.5  # (B, h, L, L)
+            z = torch.softmax(s, dim=-1) @ v  # (B, h, L, d_k)
+        return z.transpose(1, 2).reshape(B, L, d) @ W["O"]  # (B, h, L, d_k) -> (B, L, d_model)
+
+    return forward
+
+
+def _torch_nn_mha(layer):
+    torch = _torch()
+    d = layer.d_model
+    mha = torch.nn.MultiheadAttention(d, layer.num_heads, bias=False, batch_first=True, dtype=torch.float64)
+    with torch.no_grad():  # nn.MultiheadAttention computes x @ W.T, so its weights are ours transposed
+        mha.in_proj_weight.copy_(torch.from_numpy(np.concatenate([layer.W_Q, layer.W_K, layer.W_V], axis=1).T))
+        mha.out_proj.weight.copy_(torch.from_numpy(layer.W_O.T))
+    mha.eval()
+    return lambda x: mha(x, x, x, need_weights=False)[0]
+
+
+def _torch_forwards(layer) -> dict[tuple[str, str], tuple]:
+    if _torch() is None:
+        return {}
+    W = _torch_weights(layer)
+    return {
+        ("torch eager", "float64"): (_torch_attention(W, layer.num_heads, "eager"), "torch", True),
+        ("torch SDPA", "float64"): (_torch_attention(W, layer.num_heads, "sdpa"), "torch", False),
+        ("torch nn.MultiheadAttention", "float64"): (_torch_nn_mha(layer), "torch", False),
+    }
+
+
+def _as_numpy(y) -> np.ndarray:
+    return y.detach().numpy() if hasattr(y, "detach") else np.asarray(y)
+
+
+def _check_agreement(name: str, dtype: str, got, reference: np.ndarray) -> None:
+    """A benchmark of wrong code is worthless: every output must match the float64 reference."""
+    np.testing.assert_allclose(_as_numpy(got), reference, err_msg=f"{name} ({dtype}) disagrees", **tolerances(dtype))
+
+
+# --------------------------------------------------------------------------------------------
+# the suite
+
+
+@dataclass
+class BenchResults:
+    """Rows of measurements plus the machine they ran on; see ``to_markdown`` and ``ratios``."""
+
+    rows: list[dict] = field(default_factory=list)
+    machine: dict = field(default_factory=dict)
+    config: dict = field(default_factory=dict)
+
+    def select(self, **where) -> list[dict]:
+        """Rows whose fields equal every given value, e.g. ``select(section="forward", h=8)``."""
+        return [r for r in self.rows if all(r.get(k) == v for k, v in where.items())]
+
+    def _one(self, **where) -> dict | None:
+        rows = self.select(**where)
+        return rows[0] if rows else None
+
+    def exponents(self) -> list[dict]:
+        """Fitted growth exponents in L: time (forward rows, per h) and peak memory (memory rows)."""
+        fits = []
+        for section, key in (("forward", "seconds"), ("memory", "peak_bytes"), ("backward", "seconds")):
+            groups = sorted({(r["impl"], r["dtype"], r["h"]) for r in self.select(section=section)})
+            for impl, dtype, h in groups:
+                pts = [(r["L"], r[key]) for r in self.select(section=section, impl=impl, dtype=dtype, h=h) if r[key]]
+                if len({L for L, _ in pts}) >= 2:
+                    Ls, ys = zip(*pts, strict=True)
+                    fits.append({"section": section, "quantity": "time" if key == "seconds" else "memory",
+                                 "impl": impl, "dtype": dtype, "h": h, "L_range": [min(Ls), max(Ls)],
+                                 "exponent": fit_exponent(Ls, ys)})
+        return fits
+
+    def ratios(self) -> list[dict]:
+        """The four targets of the benchmark, each with its measured ratio, limit and pass/fail."""
+        out = []
+
+        def add(target: str, measured: float | None, limit: float, at: str, higher_is_better: bool = False):
+            passed = None if measured is None else (measured >= limit if higher_is_better else measured <= limit)
+            out.append({"target": target, "measured": measured, "limit": limit,
+                        "rule": ">=" if higher_is_better else "<=", "at": at, "passed": passed})
+
+        def largest_L(section: str, limit: int | None = None) -> int | None:
+            Ls = [r["L"] for r in self.select(section=section, h=TARGET_H) if limit is None or r["L"] <= limit]
+            return max(Ls) if Ls else None
+
+        def ratio(a: dict | None, b: dict | None, key: str) -> float | None:
+            return a[key] / b[key] if a and b and a.get(key) and b.get(key) else None
+
+        L = largest_L("forward", 1024)
+        fused = self._one(section="forward", impl="numpy fused", dtype="float64", L=L, h=TARGET_H)
+        sdpa = self._one(section="forward", impl="torch SDPA", dtype="float64", L=L, h=TARGET_H)
+        add("numpy fused / torch SDPA time (float64)", ratio(fused, sdpa, "seconds"), 2.0, f"L={L}, h={TARGET_H}")
+
+        fit = [f for f in self.exponents() if f["section"] == "memory" and f["impl"] == "chunked"]
+        add("chunked peak memory exponent in L", fit[0]["exponent"] if fit else None, 1.1,
+            f"L={fit[0]['L_range']}, h={TARGET_H}" if fit else "no data")
+
+        L = largest_L("memory")
+        m_fused = self._one(section="memory", impl="numpy fused", dtype="float64", L=L, h=TARGET_H)
+        m_chunk = self._one(section="memory", impl="chunked", dtype="float64", L=L, h=TARGET_H)
+        add("numpy fused / chunked peak memory", ratio(m_fused, m_chunk, "peak_bytes"), 16.0,
+            f"L={L}, h={TARGET_H}", higher_is_better=True)
+        L = largest_L("forward")
+        t_fused = self._one(section="forward", impl="numpy fused", dtype="float64", L=L, h=TARGET_H)
+        t_chunk = self._one(section="forward", impl="chunked", dtype="float64", L=L, h=TARGET_H)
+        add("chunked / numpy fused time", ratio(t_chunk, t_fused, "seconds"), 1.5, f"L={L}, h={TARGET_H}")
+
+        L = largest_L("backward")
+        np_bw = self._one(section="backward", impl="numpy backward", L=L, h=TARGET_H)
+        torch_bw = self._one(section="backward", impl="torch autograd SDPA", L=L, h=TARGET_H)
+        add("numpy / torch autograd forward+backward time (float64)", ratio(np_bw, torch_bw, "seconds"), 3.0,
+            f"L={L}, h={TARGET_H}")
+        return out
+
+    def to_markdown(self) -> str:
+        """The measurements, the targets and the fitted exponents as Markdown tables."""
+
+        def table(header: list[str], lines: list[list[str]]) -> str:
+            rows = [header, ["---"] * len(header), *lines]
+            return "\n".join("| " + " | ".join(cells) + " |" for cells in rows)
+
+        def fmt(x, spec: str) -> str:
+            return "" if x is None else format(x, spec)
+
+        m = self.machine
+        parts = [f"Machine: {m.get('cpu')}, {m.get('nproc')} cores; numpy {m.get('numpy')} ({m.get('blas')}, "
+                 f"{m.get('blas_threads')} threads); torch {m.get('torch')} ({m.get('torch_threads')} threads).",
+                 "", "### Targets", "",
+                 table(["target", "measured", "rule", "at", "pass"],
+                       [[r["target"], fmt(r["measured"], ".2f"), f"{r['rule']} {r['limit']}", r["at"],
+                         {True: "yes", False: "NO", None: "n/a"}[r["passed"]]] for r in self.ratios()]),
+                 "", "### Measurements", "",
+                 table(["section", "implementation", "dtype", "B", "L", "d_model", "h", "time (ms)", "peak (MiB)",
+                        "GFLOP/s", "of GEMM"],
+                       [[r["section"], r["impl"], r["dtype"], fmt(r["B"], ""), str(r["L"]), str(r["d_model"]),
+                         fmt(r["h"], ""), fmt(r["seconds"] and r["seconds"] * 1e3, ".1f"),
+                         fmt(r["peak_bytes"] and r["peak_bytes"] / 2**20, ".1f"), fmt(r["gflops"], ".1f"),
+                         fmt(r["gemm_fraction"], ".0%")] for r in self.rows]),
+                 "", "### Growth with L (log-log fit)", "",
+                 table(["quantity", "section", "implementation", "dtype", "h", "L range", "exponent"],
+                       [[f["quantity"], f["section"], f["impl"], f["dtype"], str(f["h"]),
+                         f"{f['L_range'][0]}-{f['L_range'][1]}", f"{f['exponent']:.2f}"] for f in self.exponents()])]
+        return "\n".join(parts) + "\n"
+
+    def to_dict(self) -> dict:
+        return {"machine": self.machine, "config": self.config, "rows": self.rows,
+                "ratios": self.ratios(), "exponents": self.exponents()}
+
+    def to_json(self, path) -> None:
+        """Write rows, machine, configuration, ratios and exponents to ``path`` as JSON."""
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2))
+
+
+def _grid(quick: bool) -> dict:
+    if quick:
+        return {"B": 2, "d_model": 512, "lengths": (256, 1024), "heads": (TARGET_H,),
+                "memory_lengths": (256, 512, 1024), "backward_lengths": (256, 512), "repeat": 3, "gemm_n": 1024}
+    return {"B": 2, "d_model": 512, "lengths": (256, 1024, 4096), "heads": (1, TARGET_H, 16),
+            "memory_lengths": (256, 1024, 4096), "backward_lengths": (256, 1024), "repeat": 5, "gemm_n": 2048}
+
+
+def _row(section: str, impl: str, dtype: str, B: int | None, L: int, d_model: int, h: int | None, seconds=None,
+         peak_bytes=None, memory_method=None, gemm: dict | None = None, flops: int | None = None) -> dict:
+    if flops is None:  # forward + backward is about 3x the forward: two backward matmuls per forward matmul
+        flops = count_flops(B, L, d_model, h) * (3 if section == "backward" else 1)
+    gflops = flops / seconds / 1e9 if seconds else None
+    ceiling = (gemm or {}).get(dtype)
+    return {"section": section, "impl": impl, "dtype": dtype, "B": B, "L": L, "d_model": d_model, "h": h,
+            "seconds": seconds, "peak_bytes": peak_bytes, "memory_method": memory_method, "flops": flops,
+            "gflops": gflops, "gemm_fraction": gflops / ceiling if gflops and ceiling else None}
+
+
+class _Shape:
+    """One (B, L, d_model, h) case: the layer, its float32 twin, the inputs and every implementation."""
+
+    def __init__(self, B: int, L: int, d_model: int, h: int, seed: int = 0) -> None:
+        self.B, self.L, self.d_model, self.h = B, L, d_model, h
+        self.layer = MultiHeadAttention(d_model, h, seed=seed)
+        self.layer32 = MultiHeadAttention(d_model, h, seed=seed, dtype=np.float32)
+        for n in "QKVO":  # the same weights, rounded to float32
+            setattr(self.layer32, f"W_{n}", getattr(self.layer, f"W_{n}").astype(np.float32))
+        self.X = np.random.default_rng(seed + 1).standard_normal((B, L, d_model))
+        self.score_bytes = B * h * L * L * 8
+
+    def forwards(self) -> dict[tuple[str, str], Callable[[], object]]:
+        """(impl, dtype) -> a no-argument call, after checking each output against the reference once."""
+        torch = _torch()
+        inputs = {np.float64: self.X, np.float32: self.X.astype(np.float32)}
+        if torch is not None:
+            inputs["torch"] = torch.from_numpy(self.X)
+        impls = {**_numpy_forwards(self.layer, self.layer32), **_torch_forwards(self.layer)}
+        calls, reference = {}, None
+        for (impl, dtype), (fn, kind, full_scores) in impls.items():
+            if full_scores and self.score_bytes > MAX_SCORE_BYTES:
+                continue  # would not fit next to the other team's work; shown as missing
+            call = lambda fn=fn, x=inputs[kind]: fn(x)  # noqa: E731
+            if kind == "torch":
+                call = self._no_grad(call)
+            out = call()
+            if reference is None:  # the first entry is the float64 fused layer
+                reference = np.array(out)
+            _check_agreement(impl, dtype, out, reference)
+            del out
+            calls[(impl, dtype)] = call
+        return calls
+
+    def backwards(self) -> dict[tuple[str, str], Callable[[], object]]:
+        """NumPy's hand-written backward and torch autograd, checked against each other on grad_X and grad_W_Q."""
+        rng = np.random.default_rng(7)
+        grad_out = rng.standard_normal(self.X.shape)
+        layer = self.layer
+
+        def numpy_step():
+            layer._cache = layer.attention_weights = None
+            layer.forward(self.X)
+            return layer.backward(grad_out)
+
+        calls = {("numpy backward", "float64"): numpy_step}
+        torch = _torch()
+        if torch is not None:
+            g = torch.from_numpy(grad_out)
+            for backend in ("eager", "sdpa"):
+                if backend == "eager" and self.score_bytes > MAX_SCORE_BYTES:
+                    continue
+                W = _torch_weights(layer, requires_grad=True)
+                fwd, x = _torch_attention(W, layer.num_heads, backend), torch.from_numpy(self.X).requires_grad_()
+
+                def torch_step(fwd=fwd, x=x, W=W):
+                    x.grad = None
+                    for w in W.values():
+                        w.grad = None
+                    fwd(x).backward(g)
+                    return x.grad, W["Q"].grad
+
+                calls[(f"torch autograd {'SDPA' if backend == 'sdpa' else backend}", "float64")] = torch_step
+        grad_X = numpy_step()
+        for (impl, dtype), step in calls.items():
+            if impl.startswith("torch"):
+                gx, gwq = step()
+                _check_agreement(impl + " grad_X", dtype, gx, grad_X)
+                _check_agreement(impl + " grad_W_Q", dtype, gwq, layer.grad_W_Q)
+        return calls
+
+    @staticmethod
+    def _no_grad(call: Callable[[], object]) -> Callable[[], object]:
+        torch = _torch()
+
+        def wrapped():
+            with torch.no_grad():
+                return call()
+
+        return wrapped
+
+
+def _gemm_gflops(n: int, repeat: int) -> dict[str, float]:
+    """GFLOP/s of an (n, n) @ (n, n) BLAS matrix product in float64 and float32: 2n^3 FLOPs."""
+    rng = np.random.default_rng(0)
+    result = {}
+    for dtype in ("float64", "float32"):
+        a, b = rng.standard_normal((n, n)).astype(dtype), rng.standard_normal((n, n)).astype(dtype)
+        result[dtype] = 2 * n**3 / median_time(lambda a=a, b=b: a @ b, repeat=repeat) / 1e9
+    return result
+
+
+def run_suite(quick: bool = False, sections: tuple[str, ...] = SECTIONS, progress: bool = True,
+              threads: int = 1, grid: dict | None = None) -> BenchResults:
+    """Run the benchmark sections and return every measurement.
+
+    ``quick`` runs a small grid (L in {256, 1024}, h = 8, 3 repeats) in well under a minute;
+    the full grid (L in {256, 1024, 4096}, h in {1, 8, 16}) takes several minutes on 2 cores.
+    ``grid`` overrides entries of the grid (the tests use a tiny one).
+
+    ``threads`` pins both NumPy's BLAS and torch. The default, one thread, compares the
+    algorithms like for like (NumPy's element-wise ufuncs such as ``exp`` run on one thread
+    whatever BLAS does) and keeps a shared machine's load from stalling busy-waiting BLAS
+    threads; pass ``threads=os.cpu_count()`` on a quiet machine to see the multi-threaded case.
+    """
+    unknown = set(sections) - set(SECTIONS)
+    if unknown:
+        raise ValueError(f"unknown sections {sorted(unknown)}; choose from {SECTIONS}")
+    from tqdm.auto import tqdm
+
+    g = {**_grid(quick), **(grid or {})}
+    B, d, R = g["B"], g["d_model"], g["repeat"]
+    results = BenchResults(machine=machine_info(threads), config={"quick": quick, "sections": list(sections), **g})
+    gemm: dict[str, float] = {}
+    if "gemm" in sections or "forward" in sections:  # the ceiling that GFLOP/s are compared with
+        gemm = _gemm_gflops(g["gemm_n"], R)
+    if "gemm" in sections:
+        n = g["gemm_n"]
+        results.rows += [_row("gemm", f"BLAS matmul ({n}, {n}) @ ({n}, {n})", dt, None, n, n, None,
+                              seconds=2 * n**3 / (gf * 1e9), gemm=gemm, flops=2 * n**3) for dt, gf in gemm.items()]
+    # one task per shape and section; forward and memory of the same shape share its set-up and checks
+    tasks = [(L, h, "forward") for L in g["lengths"] for h in g["heads"] if "forward" in sections]
+    tasks += [(L, TARGET_H, "memory") for L in g["memory_lengths"] if "memory" in sections]
+    tasks += [(L, TARGET_H, "backward") for L in g["backward_lengths"] if "backward" in sections]
+    tasks.sort(key=lambda t: (t[0], t[1], t[2] == "backward"))
+    shape, forwards = None, None
+    for L, h, section in tqdm(tasks, desc="bench", disable=not progress):
+        if shape is None or (shape.L, shape.h) != (L, h):
+            shape, forwards = None, None  # free the last shape's arrays before building the next
+            shape = _Shape(B, L, d, h)
+        if section == "memory":
+            forwards = forwards or shape.forwards()
+            for (impl, dtype), call in forwards.items():
+                torch_impl = impl.startswith("torch")
+                peak = torch_peak_memory(call) if torch_impl else peak_memory(call)
+                results.rows.append(_row("memory", impl, dtype, B, L, d, h, peak_bytes=peak,
+                                         memory_method="torch.profiler" if torch_impl else "tracemalloc"))
+            continue
+        if section == "forward":
+            forwards = forwards or shape.forwards()
+        calls = shape.backwards() if section == "backward" else forwards
+        repeat = max(1, R - 2) if L >= 4096 else R
+        times = interleaved_times(calls, repeat=repeat, warmup=0)  # the agreement check was the warm-up
+        results.rows += [_row(section, impl, dtype, B, L, d, h, seconds=t, gemm=gemm) for (impl, dtype), t in
+                         times.items()]
+    return results
+
+
+def main(argv: list[str] | None = None) -> BenchResults:
+    """``python -m mha_lab bench [--quick] [--out DIR] [--sections ...] [--threads N]``."""
+    parser = argparse.ArgumentParser(prog="python -m mha_lab bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small grid, under a minute (what the book runs)")
+    parser.add_argument("--out", default="bench_results", help="directory for bench.json, bench.md and the PNGs")
+    parser.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=SECTIONS)
+    parser.add_argument("--threads", type=int, default=1, help="threads for both BLAS and torch (default: 1)")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    args = parser.parse_args(argv)
+    results = run_suite(quick=args.quick, sections=tuple(args.sections), progress=not args.no_progress,
+                        threads=args.threads)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results.to_json(out / "bench.json")
+    (out / "bench.md").write_text(results.to_markdown())
+    from mha_lab.plots import bench as bench_plots
+
+    for name in ("time_vs_length", "memory_vs_length", "implementations_bar"):
+        fig = getattr(bench_plots, name)(results)
+        fig.savefig(out / f"{name}.png", dpi=120, bbox_inches="tight")
+    print(results.to_markdown())
+    print(f"wrote {out / 'bench.json'}, {out / 'bench.md'} and 3 figures")
+    return results

@@ -1,0 +1,75 @@
+"""Benchmark figures: time and peak memory against L, and implementations side by side.
+
+Each function takes the ``BenchResults`` of ``mha_lab.bench.run_suite`` (or its JSON dict)
+and returns a Figure with log axes and units on both.
+"""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.figure import Figure
+
+from mha_lab.bench import TARGET_H, BenchResults
+
+__all__ = ["time_vs_length", "memory_vs_length", "implementations_bar"]
+
+
+def _rows(results: BenchResults | dict) -> list[dict]:
+    return results.rows if isinstance(results, BenchResults) else results["rows"]
+
+
+def _lines(results, section: str, key: str, scale: float, h: int, ylabel: str, title: str) -> Figure:
+    """One line per (implementation, dtype): ``key`` against L at ``h`` heads, log-log."""
+    rows = [r for r in _rows(results) if r["section"] == section and r["h"] == h and r[key]]
+    if not rows:
+        raise ValueError(f"no {section} measurements at h={h} in these results")
+    fig, ax = plt.subplots(figsize=(6.8, 4.4))
+    for impl, dtype in dict.fromkeys((r["impl"], r["dtype"]) for r in rows):
+        pts = sorted((r["L"], r[key] * scale) for r in rows if (r["impl"], r["dtype"]) == (impl, dtype))
+        Ls, ys = zip(*pts, strict=True)
+        ax.loglog(Ls, ys, "o-", label=f"{impl} ({dtype})")
+    B, d = rows[0]["B"], rows[0]["d_model"]
+    ax.set(xlabel="sequence length L (tokens)", ylabel=ylabel, title=f"{title}: B = {B}, d_model = {d}, h = {h}")
+    ax.set_xticks(sorted({r["L"] for r in rows}), [str(L) for L in sorted({r["L"] for r in rows})])
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=8)
+    plt.close(fig)
+    return fig
+
+
+def time_vs_length(results: BenchResults | dict, h: int = TARGET_H) -> Figure:
+    """Median forward time (ms) of every implementation against L, log-log."""
+    return _lines(results, "forward", "seconds", 1e3, h, "median forward time (ms)", "Forward time")
+
+
+def memory_vs_length(results: BenchResults | dict, h: int = TARGET_H) -> Figure:
+    """Peak memory of the forward (MiB) of every implementation against L, log-log."""
+    return _lines(results, "memory", "peak_bytes", 1 / 2**20, h, "peak memory of the forward (MiB)",
+                  "Peak memory (tracemalloc; torch: torch.profiler)")
+
+
+def implementations_bar(results: BenchResults | dict, L: int | None = None, h: int = TARGET_H) -> Figure:
+    """Horizontal bars: forward time (ms) of each implementation at one L (default the largest), log axis,
+    annotated with the achieved fraction of the BLAS GEMM rate."""
+    rows = [r for r in _rows(results) if r["section"] == "forward" and r["h"] == h and r["seconds"]]
+    if not rows:
+        raise ValueError(f"no forward measurements at h={h} in these results")
+    L = L or max(r["L"] for r in rows)
+    rows = sorted((r for r in rows if r["L"] == L), key=lambda r: r["seconds"])
+    if not rows:
+        raise ValueError(f"no forward measurements at L={L}, h={h}")
+    ms = np.array([r["seconds"] * 1e3 for r in rows])
+    fig, ax = plt.subplots(figsize=(6.8, 0.5 * len(rows) + 1.2))
+    ax.barh([f"{r['impl']} ({r['dtype']})" for r in rows], ms, color="tab:blue")
+    for y, (r, t) in enumerate(zip(rows, ms, strict=True)):
+        share = f"  {r['gemm_fraction']:.0%} of GEMM" if r.get("gemm_fraction") else ""
+        ax.text(t, y, f" {t:.0f} ms{share}", va="center", fontsize=8)
+    ax.set_xscale("log")
+    ax.set_xlim(ms.min() / 2, ms.max() * 8)
+    ax.invert_yaxis()
+    ax.set(xlabel="median forward time (ms, log scale)",
+           title=f"B = {rows[0]['B']}, L = {L}, d_model = {rows[0]['d_model']}, h = {h}")
+    ax.grid(True, axis="x", which="major", alpha=0.3)
+    plt.close(fig)
+    return fig

@@ -1,0 +1,197 @@
+"""The benchmark on a tiny grid: structure, agreement checks, files and figures. No timing assertions."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from matplotlib.figure import Figure
+
+from mha_lab import bench
+from mha_lab.__main__ import main as cli_main
+from mha_lab.bench import (
+    BenchResults,
+    chunked_forward,
+    fit_exponent,
+    median_time,
+    peak_memory,
+    run_suite,
+    torch_peak_memory,
+)
+from mha_lab.cpu import MultiHeadAttention
+from mha_lab.plots.bench import implementations_bar, memory_vs_length, time_vs_length
+
+torch = pytest.importorskip("torch")
+
+TINY = {"B": 1, "d_model": 32, "lengths": (16, 48), "heads": (2, bench.TARGET_H), "memory_lengths": (16, 48),
+        "backward_lengths": (16, 48), "repeat": 2, "gemm_n": 64}
+FORWARD_IMPLS = {("numpy fused", "float64"), ("numpy fused", "float32"), ("per-head loop", "float64"),
+                 ("head by head", "float64"), ("chunked", "float64"), ("torch eager", "float64"),
+                 ("torch SDPA", "float64"), ("torch nn.MultiheadAttention", "float64")}
+
+
+@pytest.fixture(scope="module")
+def results() -> BenchResults:
+    return run_suite(grid=TINY, progress=False)
+
+
+def test_every_section_and_implementation_is_measured(results):
+    assert {r["section"] for r in results.rows} == {"forward", "backward", "memory", "gemm"}
+    for L in TINY["lengths"]:
+        for h in TINY["heads"]:
+            got = {(r["impl"], r["dtype"]) for r in results.select(section="forward", L=L, h=h)}
+            assert got == FORWARD_IMPLS, (L, h)
+    for L in TINY["memory_lengths"]:
+        rows = results.select(section="memory", L=L)
+        assert {(r["impl"], r["dtype"]) for r in rows} == FORWARD_IMPLS
+        assert all(r["peak_bytes"] > 0 for r in rows if r["impl"] != "torch SDPA")
+        assert {r["memory_method"] for r in rows} == {"tracemalloc", "torch.profiler"}
+    backward = {r["impl"] for r in results.select(section="backward")}
+    assert backward == {"numpy backward", "torch autograd eager", "torch autograd SDPA"}
+    assert {r["dtype"] for r in results.select(section="gemm")} == {"float64", "float32"}
+
+
+def test_rows_carry_shape_flops_and_gemm_fraction(results):
+    for r in results.select(section="forward"):
+        assert (r["B"], r["d_model"]) == (TINY["B"], TINY["d_model"])
+        assert r["seconds"] > 0
+        assert r["flops"] == bench.count_flops(r["B"], r["L"], r["d_model"], r["h"])
+        assert r["gflops"] == pytest.approx(r["flops"] / r["seconds"] / 1e9)
+        assert r["gemm_fraction"] > 0
+    gemm = results.select(section="gemm", dtype="float64")[0]
+    assert gemm["flops"] == 2 * TINY["gemm_n"] ** 3
+
+
+def test_machine_and_threads_are_reported(results):
+    m = results.machine
+    assert m["nproc"] >= 1 and m["numpy"] == np.__version__ and m["torch"] == torch.__version__
+    assert m["torch_threads"] == 1
+    assert m["blas_threads"] in (1, None)  # None only when NumPy's BLAS is not OpenBLAS
+
+
+def test_ratios_and_exponents_are_computed(results):
+    ratios = results.ratios()
+    assert len(ratios) == 5
+    assert all(r["measured"] is not None and r["measured"] > 0 for r in ratios)
+    assert all(isinstance(r["passed"], bool) for r in ratios)
+    fits = {(f["quantity"], f["impl"], f["dtype"], f["h"]) for f in results.exponents()}
+    assert ("memory", "chunked", "float64", bench.TARGET_H) in fits
+    assert ("time", "numpy fused", "float64", 2) in fits
+
+
+def test_ratio_logic_on_known_rows():
+    def row(section, impl, L, seconds=None, peak=None):
+        return bench._row(section, impl, "float64", 2, L, 64, bench.TARGET_H, seconds=seconds, peak_bytes=peak)
+
+    r = BenchResults(rows=[
+        row("forward", "numpy fused", 1024, seconds=2.5), row("forward", "torch SDPA", 1024, seconds=1.0),
+        row("forward", "chunked", 1024, seconds=2.0),
+        row("memory", "chunked", 256, peak=100), row("memory", "chunked", 1024, peak=400),
+        row("memory", "numpy fused", 1024, peak=8000),
+        row("backward", "numpy backward", 1024, seconds=2.0), row("backward", "torch autograd SDPA", 1024, seconds=1.0),
+    ])
+    by_target = {x["target"].split()[0] + x["rule"] + str(x["limit"]): x for x in r.ratios()}
+    assert [x["measured"] for x in r.ratios()] == pytest.approx([2.5, 1.0, 20.0, 0.8, 2.0])
+    assert [x["passed"] for x in r.ratios()] == [False, True, True, True, True]
+    assert len(by_target) == 5
+
+
+def test_wrong_implementation_is_caught():
+    reference = np.ones((2, 3))
+    bench._check_agreement("exact", "float64", reference.copy(), reference)
+    with pytest.raises(AssertionError, match="off by a little"):
+        bench._check_agreement("off by a little", "float64", reference + 1e-6, reference)
+
+
+def test_shape_checks_every_implementation_against_the_reference(monkeypatch):
+    correct = bench._numpy_forwards
+
+    def broken(layer, layer32):
+        impls = correct(layer, layer32)
+        fn, kind, full = impls[("chunked", "float64")]
+        impls[("chunked", "float64")] = (lambda X: fn(X) * 1.001, kind, full)
+        return impls
+
+    monkeypatch.setattr(bench, "_numpy_forwards", broken)
+    with pytest.raises(AssertionError, match="chunked"):
+        bench._Shape(1, 16, 32, 4).forwards()
+
+
+def test_chunked_forward_matches_the_fused_layer():
+    layer = MultiHeadAttention(48, 6, seed=3)
+    X = np.random.default_rng(0).standard_normal((3, 37, 48))
+    np.testing.assert_allclose(chunked_forward(X, layer, block_q=8, block_k=16), layer.forward(X),
+                               rtol=1e-10, atol=1e-12)
+
+
+def test_median_time_runs_warmup_plus_repeats():
+    calls = []
+    t = median_time(lambda: calls.append(1), repeat=4, warmup=2)
+    assert len(calls) == 6 and t >= 0
+    with pytest.raises(ValueError, match="repeat"):
+        median_time(lambda: None, repeat=0)
+
+
+def test_peak_memory_sees_numpy_and_torch_buffers():
+    n = 2**20  # 8 MiB of float64
+    assert peak_memory(lambda: np.ones(n)) >= 8 * n
+    assert peak_memory(lambda: None) < 8 * n
+    assert torch_peak_memory(lambda: torch.ones(n, dtype=torch.float64)) >= 8 * n
+
+
+def test_fit_exponent_recovers_a_power_law():
+    L = np.array([128, 256, 1024, 4096])
+    assert fit_exponent(L, 3.0 * L**2) == pytest.approx(2.0)
+    assert fit_exponent(L, 5.0 * L) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="two distinct"):
+        fit_exponent([4, 4], [1, 2])
+    with pytest.raises(ValueError, match="positive"):
+        fit_exponent([1, 2], [0, 1])
+
+
+def test_unknown_section_is_rejected():
+    with pytest.raises(ValueError, match="unknown sections"):
+        run_suite(sections=("forward", "speed"), progress=False)
+
+
+def test_markdown_and_json(results, tmp_path):
+    md = results.to_markdown()
+    assert "### Targets" in md and "numpy fused / torch SDPA" in md and "torch nn.MultiheadAttention" in md
+    results.to_json(tmp_path / "bench.json")
+    data = json.loads((tmp_path / "bench.json").read_text())
+    assert len(data["rows"]) == len(results.rows)
+    assert {"machine", "config", "ratios", "exponents"} <= set(data)
+
+
+def test_figures_have_log_axes_and_units(results):
+    for make, section, key in ((time_vs_length, "forward", "seconds"), (memory_vs_length, "memory", "peak_bytes")):
+        ax = make(results).axes[0]
+        assert ax.get_xscale() == ax.get_yscale() == "log"
+        assert "(tokens)" in ax.get_xlabel() and ("(ms)" in ax.get_ylabel() or "(MiB)" in ax.get_ylabel())
+        shown = {(r["impl"], r["dtype"]) for r in results.select(section=section, h=bench.TARGET_H) if r[key]}
+        assert len(ax.get_lines()) == len(shown) >= len(FORWARD_IMPLS) - 1  # one line each (a zero is not drawn)
+    fig = implementations_bar(json.loads(json.dumps(results.to_dict())))  # from a JSON dict too
+    assert isinstance(fig, Figure) and fig.axes[0].get_xscale() == "log" and "ms" in fig.axes[0].get_xlabel()
+    with pytest.raises(ValueError, match="h=3"):
+        time_vs_length(results, h=3)
+
+
+def test_cli_writes_table_json_and_figures(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(bench, "_grid", lambda quick: dict(TINY, heads=(bench.TARGET_H,)))
+    assert cli_main(["bench", "--out", str(tmp_path), "--no-progress"]) == 0
+    names = {p.name for p in tmp_path.iterdir()}
+    assert names == {"bench.json", "bench.md", "time_vs_length.png", "memory_vs_length.png",
+                     "implementations_bar.png"}
+    assert "### Targets" in capsys.readouterr().out
+
+
+def test_cli_gpu_without_cuda_says_so(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert cli_main(["bench", "--gpu", "--quick"]) == 1
+    assert "CUDA" in capsys.readouterr().err
+
+
+def test_cli_without_a_command_prints_usage(capsys):
+    assert cli_main([]) == 2
+    assert "python -m mha_lab bench" in capsys.readouterr().err
