@@ -66,3 +66,15 @@ def test_head_split_layout_lists_offsets_in_visit_order():
     bottom = [int(t.get_text()) for t in fig.axes[1].texts]
     assert bottom == [0, 1, 2, 6, 7, 8, 12, 13, 14, 3, 4, 5, 9, 10, 11, 15, 16, 17]
     assert all(ax.get_xlabel() for ax in fig.axes)
+
+
+def test_loop_vs_fused_timing_records_and_figure():
+    from mha_lab.plots.layout import plot_loop_vs_fused, time_loop_vs_fused
+
+    records = time_loop_vs_fused(head_counts=(1, 4), batch_size=1, seq_len=8, d_model=16, repeat=2)
+    assert [r["heads"] for r in records] == [1, 4]
+    for r in records:
+        assert r["loop_s"] > 0 and r["fused_s"] > 0
+        assert r["ratio"] == pytest.approx(r["loop_s"] / r["fused_s"])
+    ax = plot_loop_vs_fused(records).axes[0]
+    assert len(ax.lines) == 2 and "(ms)" in ax.get_ylabel() and "heads" in ax.get_xlabel()

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import NullFormatter, ScalarFormatter
 
 from mha_lab.cpu import MultiHeadAttention, per_head_attention, split_heads
 
@@ -54,21 +55,24 @@ def plot_head_split_layout(seq_len: int = 3, num_heads: int = 2, d_k: int = 3) -
     return fig
 
 
-def time_loop_vs_fused(head_counts: Sequence[int] = (1, 2, 4, 8, 16, 32), batch_size: int = 4, seq_len: int = 128,
-                       d_model: int = 256, repeat: int = 5, seed: int = 0) -> list[dict[str, float]]:
+def time_loop_vs_fused(head_counts: Sequence[int] = (1, 2, 4, 8, 16, 32, 64), batch_size: int = 2,
+                       seq_len: int = 64, d_model: int = 256, repeat: int = 9, seed: int = 0) -> list[dict[str, float]]:
     """Median wall time of ``per_head_attention`` (a Python loop over heads) and of the fused
     ``MultiHeadAttention.forward`` on the same weights, for each head count.
 
-    Returns one record per h: ``{"heads", "loop_s", "fused_s", "ratio"}`` (seconds; ratio = loop / fused).
+    The two run round-robin (``mha_lab.bench.interleaved_times``), so a burst of load on a shared
+    machine slows both rather than one. Returns one record per h:
+    ``{"heads", "loop_s", "fused_s", "ratio"}`` (seconds; ratio = loop / fused).
     """
-    from mha_lab.bench import median_time
+    from mha_lab.bench import interleaved_times
 
     X = np.random.default_rng(seed).standard_normal((batch_size, seq_len, d_model))  # (B, L, d_model)
     records = []
     for h in head_counts:
         layer = MultiHeadAttention(d_model, h, seed=seed)
-        loop = median_time(lambda layer=layer: per_head_attention(X, layer), repeat=repeat)
-        fused = median_time(lambda layer=layer: layer.forward(X), repeat=repeat)
+        t = interleaved_times({"loop": lambda layer=layer: per_head_attention(X, layer),
+                               "fused": lambda layer=layer: layer.forward(X)}, repeat=repeat)
+        loop, fused = t["loop"], t["fused"]
         records.append({"heads": h, "loop_s": loop, "fused_s": fused, "ratio": loop / fused})
     return records
 
@@ -82,6 +86,8 @@ def plot_loop_vs_fused(records: Sequence[dict[str, float]]) -> Figure:
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xticks(h, [str(x) for x in h])
+    ax.yaxis.set_major_formatter(ScalarFormatter())
+    ax.yaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("number of heads h (d_model fixed)")
     ax.set_ylabel("median wall time per forward (ms)")
     ax.legend()
