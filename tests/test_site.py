@@ -1,0 +1,225 @@
+"""The built site, checked page by page in headless Chromium, with the network cut off.
+
+The book is built once per session (``built_site`` in conftest.py), served from ``_build/html`` on
+127.0.0.1, and every HTML page is loaded. Requests to any other host are aborted, so the check also
+proves the site works offline (MathJax and mermaid are vendored in ``book/_static/vendor``).
+Screenshots of three pages land in ``_build/screenshots/``.
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import re
+import shutil
+import threading
+from html.parser import HTMLParser
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+import pytest
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--disable-quic",
+]
+SCREENSHOT_PAGES = ["book/intro.html", "book/notation.html", "book/01_intuition.html"]
+SKIP_DIRS = {"_static", "_sources", "_images", "_downloads"}
+
+pytestmark = pytest.mark.skipif(
+    not CHROMIUM.exists(),
+    reason="the browser check needs Chromium at /usr/bin/chromium: apt-get install chromium (.ci/run does)",
+)
+
+# Page-side checks, run after MathJax and mermaid have finished. Code blocks and MathJax's own
+# output are removed first, so that a `$$` shown as code does not count as untypeset math.
+PAGE_REPORT_JS = """
+() => {
+  const article = document.querySelector('article') || document.body;
+  const clone = article.cloneNode(true);
+  clone.querySelectorAll('pre, code, script, style, mjx-container, .mermaid, .highlight').forEach(e => e.remove());
+  const text = clone.innerText;
+  const raw = [];
+  for (const token of ['$$', '\\\\(', '\\\\[', '\\\\begin{']) { if (text.includes(token)) raw.push(token); }
+  const mathNodes = [...document.querySelectorAll('.math')];
+  const h1 = document.querySelector('article h1') || document.querySelector('main h1');
+  return {
+    title: document.title,
+    h1: h1 ? h1.innerText.replace(/#\\s*$/, '').trim() : null,
+    h1Visible: h1 ? h1.getBoundingClientRect().height > 0 : false,
+    raw,
+    mathNodes: mathNodes.length,
+    untypeset: mathNodes.filter(e => !e.querySelector('mjx-container')).map(e => e.textContent.slice(0, 80)),
+    images: [...document.images].map(i => ({src: i.currentSrc || i.src, ok: i.complete && i.naturalWidth > 0})),
+    mermaid: [...document.querySelectorAll('.mermaid')].map(e => !!e.querySelector('svg')),
+    links: [...document.querySelectorAll('a[href]')].map(a => a.href),
+  };
+}
+"""
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):  # keep pytest's output readable
+        pass
+
+
+@pytest.fixture(scope="module")
+def server(built_site: Path):
+    handler = functools.partial(_QuietHandler, directory=str(built_site))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+def site_pages(root: Path) -> list[str]:
+    """Every HTML page of the site, relative to its root, except the copied sources and assets."""
+    return sorted(
+        p.relative_to(root).as_posix()
+        for p in root.rglob("*.html")
+        if not SKIP_DIRS & set(p.relative_to(root).parts)
+    )
+
+
+class _Ids(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.ids: set[str] = set()
+
+    def handle_starttag(self, tag, attrs):
+        for key, value in attrs:
+            if key in ("id", "name") and value:
+                self.ids.add(value)
+
+
+@functools.cache
+def anchors_of(path: Path) -> frozenset[str]:
+    parser = _Ids()
+    parser.feed(path.read_text(errors="replace"))
+    return frozenset(parser.ids)
+
+
+def broken_links(links: list[str], base: str, root: Path) -> list[str]:
+    """Local links whose file does not exist, or whose #anchor is not an id on the target page."""
+    broken = []
+    for href in sorted(set(links)):
+        if not href.startswith(base + "/"):
+            continue  # another host (launch buttons, papers): not part of this site
+        parts = urlsplit(href)
+        target = root / unquote(parts.path).lstrip("/")
+        if target.is_dir():
+            target = target / "index.html"
+        if not target.is_file():
+            broken.append(f"{href} (no such file)")
+        elif parts.fragment and target.suffix == ".html" and unquote(parts.fragment) not in anchors_of(target):
+            broken.append(f"{href} (no anchor #{unquote(parts.fragment)})")
+    return broken
+
+
+def check_page(browser, base: str, root: Path, page_path: str, screenshot: Path | None) -> list[str]:
+    """Load one page offline and return the list of problems found on it."""
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    blocked: list[str] = []
+
+    def only_local(route):
+        if route.request.url.startswith((base + "/", "data:", "blob:")):
+            route.continue_()
+        else:
+            blocked.append(route.request.url)
+            route.abort()
+
+    context.route("**/*", only_local)
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("console", lambda m: errors.append(f"console: {m.text}") if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(f"pageerror: {e}"))
+    page.on("response", lambda r: errors.append(f"HTTP {r.status}: {r.url}") if r.status >= 400 else None)
+    try:
+        page.goto(f"{base}/{page_path}", wait_until="load")
+        # MathJax typesets asynchronously; mermaid renders on window load.
+        page.wait_for_function("() => !window.MathJax || (window.MathJax.startup && window.MathJax.startup.promise)")
+        page.evaluate("() => window.MathJax ? window.MathJax.startup.promise : null")
+        page.wait_for_function(
+            "() => [...document.querySelectorAll('.mermaid')].every(e => e.querySelector('svg'))", timeout=20_000
+        )
+        page.evaluate("() => Promise.all([...document.images].map(i => i.decode().catch(() => null)))")
+        report = page.evaluate(PAGE_REPORT_JS)
+        if screenshot is not None:
+            page.screenshot(path=str(screenshot), full_page=True)
+    except Exception as exc:  # a timeout names the step that never finished
+        return [f"{type(exc).__name__}: {str(exc).splitlines()[0]}"] + errors + [f"blocked {u}" for u in blocked]
+    finally:
+        context.close()
+
+    problems = list(errors)
+    problems += [f"request to another host (the site must work offline): {u}" for u in blocked]
+    if not report["title"] or not report["h1"] or not report["h1Visible"]:
+        problems.append(f"no visible title (title={report['title']!r}, h1={report['h1']!r})")
+    elif report["h1"] not in report["title"] and page_path != "index.html":
+        problems.append(f"the <title> {report['title']!r} does not show the heading {report['h1']!r}")
+    if report["raw"]:
+        problems.append(f"raw math delimiters left in the text: {report['raw']}")
+    if report["untypeset"]:
+        problems.append(f"math not typeset by MathJax: {report['untypeset'][:3]}")
+    problems += [f"image did not load: {i['src'][:120]}" for i in report["images"] if not i["ok"]]
+    if not all(report["mermaid"]):
+        problems.append(f"{report['mermaid'].count(False)} mermaid diagram(s) not rendered to SVG")
+    problems += [f"broken link: {b}" for b in broken_links(report["links"], base, root)]
+    return problems
+
+
+def test_every_page_renders_offline(built_site: Path, server: str, browser):
+    """Each page: title shown, math typeset, images loaded, diagrams drawn, no errors, links resolve."""
+    shots = built_site.parent / "screenshots"
+    shutil.rmtree(shots, ignore_errors=True)
+    shots.mkdir()
+    pages = site_pages(built_site)
+    assert "book/intro.html" in pages and len(pages) >= 4, f"the build produced too few pages: {pages}"
+    failures = {}
+    for page_path in pages:
+        shot = shots / re.sub(r"\W", "_", page_path.removesuffix(".html")) if page_path in SCREENSHOT_PAGES else None
+        problems = check_page(browser, server, built_site, page_path, shot.with_suffix(".png") if shot else None)
+        if problems:
+            failures[page_path] = problems
+    report = "\n".join(f"{page}:\n  " + "\n  ".join(p) for page, p in failures.items())
+    assert not failures, f"{len(failures)} of {len(pages)} pages have problems:\n{report}"
+    taken = sorted(p.name for p in shots.glob("*.png"))
+    assert len(taken) == len(SCREENSHOT_PAGES), f"expected {len(SCREENSHOT_PAGES)} screenshots, got {taken}"
+
+
+def test_math_and_diagrams_are_really_there(built_site: Path, server: str, browser):
+    """Guard against a vacuous pass: the notation page has math and two diagrams, and they render."""
+    context = browser.new_context()
+    context.route("**/*", lambda r: r.continue_() if r.request.url.startswith(server) else r.abort())
+    page = context.new_page()
+    page.goto(f"{server}/book/notation.html", wait_until="load")
+    page.evaluate("() => window.MathJax.startup.promise")
+    page.wait_for_function("() => document.querySelectorAll('.mermaid svg').length >= 2", timeout=20_000)
+    assert page.locator("mjx-container").count() >= 20, "MathJax typeset too little of the notation page"
+    assert page.locator(".mermaid svg").count() == 2, "the forward and backward diagrams must both render"
+    assert "grad_X" in page.locator(".mermaid").nth(1).inner_text()
+    context.close()
+
+
+def test_broken_links_are_detected(tmp_path: Path):
+    """The link checker itself: a missing file and a missing anchor are both reported."""
+    (tmp_path / "a.html").write_text('<html><body><h1 id="top">A</h1></body></html>')
+    base = "http://127.0.0.1:1"
+    links = [f"{base}/a.html#top", f"{base}/a.html#nope", f"{base}/b.html", "https://example.org/x"]
+    assert broken_links(links, base, tmp_path) == [
+        f"{base}/a.html#nope (no anchor #nope)",
+        f"{base}/b.html (no such file)",
+    ]
