@@ -4,9 +4,9 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
+from mha_lab.bench import fit_exponent  # noqa: E402
 from mha_lab.plots import cost  # noqa: E402
 
 
@@ -36,22 +36,10 @@ def test_memory_table_attention_weights_dominate_at_long_length():
     assert row.strip().endswith("96% |")  # h L^2 / (h L^2 + 5 L d) = 8*8192 / (8*8192 + 5*512)
 
 
-def test_fit_power_law_recovers_exponent():
-    x = np.array([10, 20, 40, 80])
-    k, c = cost.fit_power_law(x, 3 * x**2.0)
-    assert k == pytest.approx(2.0) and c == pytest.approx(3.0)
-
-
-def test_peak_memory_sees_a_numpy_allocation():
-    n = 1_000_000
-    peak = cost.peak_memory(lambda: np.ones(n).sum())
-    assert 8 * n <= peak < 8 * n + 100_000
-
-
 def test_measured_memory_is_quadratic_for_fused_and_linear_for_chunked():
     lengths = (256, 512, 1024)
     peaks = cost.peak_memory_vs_length(lengths, d_model=32, n_heads=4, block=32)
-    ks = {name: cost.fit_power_law(lengths, ys)[0] for name, ys in peaks.items()}
+    ks = {name: fit_exponent(lengths, ys) for name, ys in peaks.items()}
     fused, by_head, chunked = ks.values()
     assert fused > 1.7, ks
     assert by_head > 1.5, ks

@@ -6,20 +6,20 @@ Markdown strings so a chapter can display or glue them.
 
 from __future__ import annotations
 
-import tracemalloc
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
 
 from mha_lab.analysis import MODEL_CONFIGS, ModelConfig, flops_breakdown, gib, kv_cache_bytes, memory_breakdown
-from mha_lab.cpu import MultiHeadAttention, chunked_attention, head_by_head_forward, merge_heads, split_heads
+from mha_lab.bench import chunked_forward, fit_exponent, peak_memory
+from mha_lab.cpu import MultiHeadAttention, head_by_head_forward
 
 __all__ = [
     "markdown_table", "flops_table", "memory_table", "heads_table", "kv_cache_table",
     "plot_flops_vs_length", "plot_kv_cache_vs_context",
-    "fit_power_law", "peak_memory", "peak_memory_vs_length", "plot_peak_memory", "plot_time_vs_length",
+    "peak_memory_vs_length", "plot_peak_memory", "plot_time_vs_length",
 ]
 
 _GROUPS = {"projections": ("proj_q", "proj_kv", "proj_o"), "attention core (QK^T, AV)": ("qk", "av"),
@@ -124,42 +124,19 @@ def plot_kv_cache_vs_context(lengths: Sequence[int] | None = None, dtype="float1
                    ylabel=f"KV cache per sequence (GiB, {dtype})", title="KV cache against context length")
 
 
-def fit_power_law(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
-    r"""Least-squares fit of :math:`y = c\,x^k` on log-log axes; returns ``(k, c)``."""
-    k, log_c = np.polyfit(np.log(np.asarray(x, float)), np.log(np.asarray(y, float)), 1)
-    return float(k), float(np.exp(log_c))
-
-
-def peak_memory(fn: Callable[[], object]) -> int:
-    """Peak bytes allocated through Python and NumPy while ``fn()`` runs (tracemalloc), above the start."""
-    tracemalloc.start()
-    try:
-        tracemalloc.reset_peak()
-        start = tracemalloc.get_traced_memory()[0]
-        fn()
-        return tracemalloc.get_traced_memory()[1] - start
-    finally:
-        tracemalloc.stop()
-
-
-def _chunked_layer_forward(X: np.ndarray, layer, block: int) -> np.ndarray:
-    """The layer's forward with its core replaced by ``chunked_attention`` (no bias, no mask)."""
-    Q = split_heads(X @ layer.W_Q, layer.num_heads)  # (B, L, d_model) -> (B, h, L, d_k)
-    K = split_heads(X @ layer.W_K, layer.num_kv_heads)  # (B, L, h_kv*d_k) -> (B, h_kv, L, d_k)
-    V = split_heads(X @ layer.W_V, layer.num_kv_heads)  # (B, L, h_kv*d_k) -> (B, h_kv, L, d_k)
-    Z = chunked_attention(Q, K, V, block_q=block, block_k=block)  # (B, h, L, d_k)
-    return merge_heads(Z) @ layer.W_O  # (B, h, L, d_k) -> (B, L, d_model)
-
-
-def peak_memory_vs_length(lengths: Sequence[int] = (128, 256, 512, 1024, 2048), d_model: int = 128,
+def peak_memory_vs_length(lengths: Sequence[int] = (128, 256, 512, 1024, 2048), d_model: int = 256,
                           n_heads: int = 8, batch_size: int = 1, block: int = 64) -> dict[str, list[int]]:
-    """Measured peak bytes of one layer's forward (float64) for the fused, head-by-head and chunked methods."""
+    """Measured peak bytes of one layer's forward (float64) for the fused, head-by-head and chunked methods.
+
+    Uses the benchmark's ``peak_memory`` (tracemalloc) and ``chunked_forward``, with small blocks so that
+    the chunked method's linear growth shows at lengths a book page can afford.
+    """
     layer = MultiHeadAttention(d_model, n_heads, seed=0)
     rng = np.random.default_rng(0)
     methods = {
         "fused (layer.forward)": lambda X: layer.forward(X),
         "head by head": lambda X: head_by_head_forward(X, layer),
-        f"chunked (blocks of {block})": lambda X: _chunked_layer_forward(X, layer, block),
+        f"chunked (blocks of {block})": lambda X: chunked_forward(X, layer, block_q=block, block_k=block),
     }
     peaks: dict[str, list[int]] = {name: [] for name in methods}
     for L in lengths:
@@ -177,7 +154,7 @@ def plot_peak_memory(lengths: Sequence[int], peaks: dict[str, Sequence[int]], fi
     for name, ys in peaks.items():
         ys = np.asarray(ys) / 2**20
         sel = L >= fit_from
-        k, _ = fit_power_law(L[sel], ys[sel])
+        k = fit_exponent(L[sel], ys[sel])
         ax.loglog(L, ys, "o-", label=f"{name}: ~L^{k:.2f}")
     return _finish(fig, ax, xlabel="sequence length L (tokens)", ylabel="peak memory of the forward (MiB)",
                    title=f"Measured with tracemalloc (fit over L ≥ {fit_from})")
@@ -191,7 +168,7 @@ def plot_time_vs_length(lengths: Sequence[int], seconds: Sequence[float], d_mode
     flops = np.array([sum(flops_breakdown(batch_size, int(n), d_model, n_heads).values()) for n in L])
     core = np.array([(lambda f: f["qk"] + f["av"] + f["softmax"])(flops_breakdown(batch_size, int(n), d_model,
                                                                                    n_heads)) for n in L])
-    k, _ = fit_power_law(L[len(L) // 2:], t[len(L) // 2:])
+    k = fit_exponent(L[len(L) // 2:], t[len(L) // 2:])
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     ax.loglog(L, t * 1e3, "o-", label=f"measured (upper half fits L^{k:.2f})")
     ax.loglog(L, flops * t[-1] / flops[-1] * 1e3, "--", label="count_flops, scaled to the last point")
