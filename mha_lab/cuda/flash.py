@@ -329,8 +329,8 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     ``TRITON_INTERPRET=1``); 16 <= D <= 128. Any stride is accepted; nothing is copied.
     The backward recomputes attention blockwise in PyTorch from the saved log-sum-exp.
     """
+    if sm_scale is not None and not (math.isfinite(sm_scale) and sm_scale > 0):
+        raise ValueError(f"sm_scale must be a positive finite number, got {sm_scale}")
     _check_inputs(q, k, v)
     scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else float(sm_scale)
-    if not math.isfinite(scale) or scale <= 0:
-        raise ValueError(f"sm_scale must be a positive finite number, got {sm_scale}")
     return _FlashAttention.apply(q, k, v, bool(causal), scale)

@@ -1,0 +1,192 @@
+"""The Triton kernel on the CPU, under ``TRITON_INTERPRET=1``, against the NumPy reference of ``mha_lab.cpu``.
+
+``test_triton_interpret.py`` runs this file in a subprocess, because the variable must be set
+before the kernel's module is imported. By hand::
+
+    TRITON_INTERPRET=1 .venv/bin/python tests/_triton_interpret_cases.py
+
+It prints one JSON object, ``{case id: ""}`` for a pass or the failure's message. The grid
+covers causal and not; MHA, GQA and MQA; L = 1, 7, 97 and others that are not multiples of
+the interpreter's 16-row tiles; head sizes 16, 32, 64, 128 and a padded 40; fp32 and fp64;
+and the backward, both of the bare kernel and of the module's triton backend.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from itertools import product
+
+import numpy as np
+
+HEADS = {"MHA": (4, 4), "GQA": (4, 2), "MQA": (4, 1)}
+
+
+def _grid() -> list[dict]:
+    cases = []
+    # float64: every L x causal x layout; the head size cycles so each (L, causal) gets its own
+    for i, (L, causal, layout) in enumerate(product((1, 7, 97), (False, True), HEADS)):
+        cases.append({"kind": "forward", "dtype": "float64", "L": L, "causal": causal, "layout": layout,
+                      "D": (16, 32, 64)[(i // 3) % 3], "B": 1 if L == 97 else 2})
+    for i, (L, causal) in enumerate(product((1, 50, 97), (False, True))):
+        cases.append({"kind": "forward", "dtype": "float32", "L": L, "causal": causal, "layout": "GQA",
+                      "D": (32, 64)[i % 2], "B": 1})
+    cases += [
+        {"kind": "forward", "dtype": "float64", "L": 33, "causal": True, "layout": "GQA", "D": 40, "B": 1},
+        {"kind": "forward", "dtype": "float64", "L": 20, "causal": False, "layout": "MQA", "D": 128, "B": 1},
+        {"kind": "forward", "dtype": "float64", "L": 20, "causal": True, "layout": "MHA", "D": 16, "B": 3,
+         "sm_scale": 0.3},
+        {"kind": "forward", "dtype": "float64", "L": 25, "causal": True, "layout": "GQA", "D": 32, "B": 2,
+         "strided": True},
+        {"kind": "backward", "dtype": "float64", "L": 97, "causal": True, "layout": "MHA", "D": 32, "B": 1},
+        {"kind": "backward", "dtype": "float64", "L": 7, "causal": False, "layout": "GQA", "D": 16, "B": 2},
+        {"kind": "backward", "dtype": "float64", "L": 33, "causal": True, "layout": "MQA", "D": 64, "B": 1},
+        {"kind": "backward", "dtype": "float64", "L": 20, "causal": True, "layout": "GQA", "D": 40, "B": 1},
+        {"kind": "backward", "dtype": "float32", "L": 50, "causal": True, "layout": "GQA", "D": 32, "B": 1},
+        {"kind": "module", "dtype": "float64", "L": 19, "causal": True, "layout": "GQA", "D": 16, "B": 2},
+        {"kind": "module", "dtype": "float64", "L": 7, "causal": False, "layout": "MHA", "D": 32, "B": 3},
+        {"kind": "errors"},
+    ]
+    return cases
+
+
+def case_id(case: dict) -> str:
+    """A readable id: forward-float64-GQA-L97-D32-causal."""
+    if case["kind"] == "errors":
+        return "errors"
+    extras = [k for k in ("strided",) if case.get(k)] + ([f"scale{case['sm_scale']}"] if "sm_scale" in case else [])
+    parts = [case["kind"], case["dtype"], case["layout"], f"L{case['L']}", f"D{case['D']}", f"B{case['B']}",
+             "causal" if case["causal"] else "full", *extras]
+    return "-".join(parts)
+
+
+CASES = _grid()
+
+
+def numpy_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool, sm_scale: float | None) -> np.ndarray:
+    """mha_lab.cpu's attention in float64, K/V heads repeated with repeat_kv, the scale folded into Q."""
+    from mha_lab.cpu import create_causal_mask, repeat_kv, scaled_dot_product_attention
+
+    n_rep = q.shape[1] // k.shape[1]
+    D, L = q.shape[-1], q.shape[-2]
+    if sm_scale is not None:
+        q = q * (sm_scale * math.sqrt(D))  # the reference always divides by sqrt(D)
+    out, _ = scaled_dot_product_attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep),
+                                          mask=create_causal_mask(L) if causal else None)
+    return out
+
+
+def _inputs(case: dict, torch):
+    """q, k, v as torch tensors in the case's dtype (transposed views when ``strided``)."""
+    H, H_kv = HEADS[case["layout"]]
+    B, L, D = case["B"], case["L"], case["D"]
+    rng = np.random.default_rng(L * 1000 + D)
+    dtype = getattr(torch, case["dtype"])
+    tensors = []
+    for heads in (H, H_kv, H_kv):
+        if case.get("strided"):  # stored (B, L, heads, D) as after a projection; viewed as (B, heads, L, D)
+            tensors.append(torch.from_numpy(rng.standard_normal((B, L, heads, D))).to(dtype).transpose(1, 2))
+        else:
+            tensors.append(torch.from_numpy(rng.standard_normal((B, heads, L, D))).to(dtype))
+    return tensors
+
+
+def run_forward(case: dict) -> None:
+    import torch
+
+    from mha_lab.cuda.flash import flash_attention
+    from mha_lab.testing import assert_close
+
+    q, k, v = _inputs(case, torch)
+    if case.get("strided"):
+        assert not q.is_contiguous()
+    out = flash_attention(q, k, v, causal=case["causal"], sm_scale=case.get("sm_scale"))
+    assert out.dtype == q.dtype and out.shape == q.shape, (out.dtype, out.shape)
+    expected = numpy_reference(*(t.double().numpy() for t in (q, k, v)), case["causal"], case.get("sm_scale"))
+    assert_close(out.numpy(), expected, dtype=case["dtype"])
+
+
+def run_backward(case: dict) -> None:
+    """Gradients of the kernel (recompute backward) against torch autograd through the plain reference."""
+    import torch
+
+    from mha_lab.cuda.flash import attention_ref, flash_attention
+    from mha_lab.testing import assert_close
+
+    inputs = _inputs(case, torch)
+    grad = torch.from_numpy(np.random.default_rng(1).standard_normal(inputs[0].shape)).to(inputs[0].dtype)
+    grads = {}
+    for name, fn in (("kernel", flash_attention), ("reference", attention_ref)):
+        leaves = [t.detach().clone().requires_grad_(True) for t in inputs]
+        out = fn(*leaves, causal=case["causal"])
+        grads[name] = torch.autograd.grad(out, leaves, grad)
+    for name, got, want in zip("qkv", grads["kernel"], grads["reference"], strict=True):
+        assert got.shape == want.shape and got.dtype == want.dtype
+        assert_close(got.numpy(), want.numpy(), dtype=case["dtype"], err_msg=f"d{name}")
+
+
+def run_module(case: dict) -> None:
+    """MultiHeadAttention(backend="triton") built from a NumPy layer: output, grad X and every weight gradient."""
+    import torch
+
+    from mha_lab.cpu import GroupedQueryAttention, create_causal_mask
+    from mha_lab.cuda import MultiHeadAttention
+    from mha_lab.testing import assert_close
+
+    H, H_kv = HEADS[case["layout"]]
+    B, L, d_model = case["B"], case["L"], H * case["D"]
+    layer = GroupedQueryAttention(d_model, H, H_kv, use_bias=True, seed=L)
+    rng = np.random.default_rng(L)
+    for name in ("b_Q", "b_K", "b_V", "b_O"):
+        setattr(layer, name, rng.standard_normal(getattr(layer, name).shape))
+    X, G = rng.standard_normal((B, L, d_model)), rng.standard_normal((B, L, d_model))
+    expected = layer.forward(X, create_causal_mask(L) if case["causal"] else None)
+    expected_grad_X = layer.backward(G)
+    module = MultiHeadAttention.from_numpy(layer, causal=case["causal"], backend="triton")
+    Xt = torch.from_numpy(X).requires_grad_(True)
+    out = module(Xt)
+    (out * torch.from_numpy(G)).sum().backward()
+    assert_close(out.detach().numpy(), expected, err_msg="forward")
+    assert_close(Xt.grad.numpy(), expected_grad_X, err_msg="grad X")
+    for name, g in layer.gradients().items():
+        assert_close(getattr(module, name).grad.numpy(), g, err_msg=f"grad {name}")
+
+
+def run_errors(case: dict) -> None:
+    """Dtypes the interpreter cannot run are refused with a message, before any launch."""
+    import torch
+
+    from mha_lab.cuda.flash import flash_attention
+
+    for dtype in (torch.bfloat16, torch.float16):
+        q = torch.zeros(1, 2, 8, 16, dtype=dtype)
+        try:
+            flash_attention(q, q, q)
+        except TypeError as err:
+            assert "not supported by the Triton interpreter" in str(err), err
+        else:
+            raise AssertionError(f"{dtype} was accepted by the interpreter")
+
+
+RUNNERS = {"forward": run_forward, "backward": run_backward, "module": run_module, "errors": run_errors}
+
+
+def main() -> int:
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        print("set TRITON_INTERPRET=1: the kernel must be built for the interpreter", file=sys.stderr)
+        return 2
+    results = {}
+    for case in CASES:
+        try:
+            RUNNERS[case["kind"]](case)
+            results[case_id(case)] = ""
+        except Exception as err:  # report every case, not just the first failure
+            results[case_id(case)] = f"{type(err).__name__}: {err}"
+    print(json.dumps(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
