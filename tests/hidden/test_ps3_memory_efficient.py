@@ -1,0 +1,291 @@
+"""Hidden checks of ps3_memory_efficient: measure_peak, head_by_head_forward, chunked_attention.
+
+Every check has three steps: make the inputs (seeded, shapes the visible tests do not use),
+call the student's function through ``checks.call``, judge the result. The memory checks also
+require the right output: a budget met by a wrong answer earns nothing.
+"""
+
+import numpy as np
+
+from mha_lab.cpu import MultiHeadAttention, create_causal_mask, scaled_dot_product_attention
+from mha_lab.grading import checks
+
+ALLOWED_HELPERS = {"create_causal_mask"}
+
+MiB = 2**20
+
+
+# --- measure_peak --------------------------------------------------------------------------------
+
+
+def _allocate(n: int) -> float:
+    """Allocate n float64 numbers (8n bytes), free them, return their sum."""
+    return float(np.ones(n).sum())
+
+
+def test_measure_peak_values(student):
+    # 1. inputs: a function whose peak is known (8 MB for one million float64 numbers)
+    n = 1_000_000
+    # 2. call
+    result = checks.call(student, "measure_peak", _allocate, n)
+    # 3. judge
+    checks.expect_true(isinstance(result, tuple) and len(result) == 2,
+                       what="measure_peak should return a pair (result, peak_bytes)",
+                       hint="return fn's result and the peak, e.g. `return result, peak`")
+    value, peak = result
+    checks.expect_true(value == float(n), what=f"measure_peak returned {value!r} as fn's result, expected {float(n)}",
+                       hint="call fn(*args) exactly once and return what it returns")
+    checks.expect_true(isinstance(peak, (int, np.integer)),
+                       what=f"peak_bytes should be an int (bytes), got {type(peak).__name__}",
+                       hint="tracemalloc.get_traced_memory() returns ints: (current, peak)")
+    checks.expect_true(8 * n <= peak <= 8 * n + MiB,
+                       what=f"measure_peak reported {peak} bytes for a function that holds {8 * n} bytes at its peak",
+                       hint="take the PEAK (second value of tracemalloc.get_traced_memory()), not the current "
+                            "size, after fn returns; start tracing (or reset_peak) before calling fn")
+
+
+# --- head_by_head_forward ------------------------------------------------------------------------
+
+
+def _layer_inputs(seed: int, B: int, L: int, d_model: int, h: int):
+    """A seeded fused layer and an input batch; the layer is the reference."""
+    layer = MultiHeadAttention(d_model, h, seed=seed)
+    X = np.random.default_rng(seed + 100).standard_normal((B, L, d_model))
+    return layer, X
+
+
+def _weights(layer):
+    return layer.W_Q, layer.W_K, layer.W_V, layer.W_O
+
+
+def _wrong_scale_reference(layer, X, mask4=None) -> np.ndarray:
+    """The layer's output had the scores been divided by sqrt(d_model) instead of sqrt(d_k)."""
+    wrong = MultiHeadAttention(layer.d_model, layer.num_heads, seed=0)
+    wrong.W_Q = layer.W_Q * np.sqrt(layer.d_k / layer.d_model)
+    wrong.W_K, wrong.W_V, wrong.W_O = layer.W_K, layer.W_V, layer.W_O
+    return wrong.forward(X, mask4)
+
+
+def _hbh_hint(out, layer, X, mask4=None) -> str:
+    if out.shape == X.shape and np.allclose(out, _wrong_scale_reference(layer, X, mask4), rtol=1e-8, atol=1e-10):
+        return "the scores are scaled by sqrt(d_model); divide by sqrt(d_k), the head size d_model // num_heads"
+    return ("head i uses COLUMNS i*d_k:(i+1)*d_k of W_Q, W_K, W_V and ROWS i*d_k:(i+1)*d_k of W_O; "
+            "scale by 1/sqrt(d_k); sum the heads' contributions to the output")
+
+
+def _check_hbh_values(student, seed, B, L, d_model, h):
+    # 1. inputs
+    layer, X = _layer_inputs(seed, B, L, d_model, h)
+    expected = layer.forward(X)
+    # 2. call
+    out = checks.call(student, "head_by_head_forward", X, *_weights(layer), h)
+    # 3. judge
+    what = f"head_by_head_forward (B={B}, L={L}, d_model={d_model}, num_heads={h})"
+    checks.expect_array(out, what=what, shape=X.shape)
+    checks.expect_close(out, expected, what=what, hint=_hbh_hint(out, layer, X))
+
+
+def test_head_by_head_forward_shape(student):
+    # 1. inputs
+    layer, X = _layer_inputs(1, B=3, L=7, d_model=12, h=3)
+    # 2. call
+    out = checks.call(student, "head_by_head_forward", X, *_weights(layer), 3)
+    # 3. judge
+    checks.expect_array(out, what="head_by_head_forward output (B=3, L=7, d_model=12, num_heads=3)", shape=(3, 7, 12))
+
+
+def test_head_by_head_forward_values__several_heads(student):
+    _check_hbh_values(student, seed=2, B=2, L=9, d_model=12, h=4)
+
+
+def test_head_by_head_forward_values__one_head(student):
+    _check_hbh_values(student, seed=3, B=1, L=5, d_model=6, h=1)
+
+
+def test_head_by_head_forward_values__one_token(student):
+    _check_hbh_values(student, seed=4, B=3, L=1, d_model=8, h=2)
+
+
+def _check_hbh_mask(student, seed, mask):
+    # 1. inputs
+    B, d_model, h = 2, 12, 3
+    L = mask.shape[-1]
+    layer, X = _layer_inputs(seed, B, L, d_model, h)
+    expected = layer.forward(X, mask[None, None])  # (L, L) -> (1, 1, L, L)
+    # 2. call
+    out = checks.call(student, "head_by_head_forward", X, *_weights(layer), h, mask=mask)
+    # 3. judge
+    what = f"head_by_head_forward with an (L, L) mask (L={L})"
+    checks.expect_array(out, what=what, shape=X.shape)
+    if np.allclose(out, layer.forward(X), rtol=1e-8, atol=1e-10):
+        raise AssertionError(f"{what}: the output ignores the mask. Likely bug: add the mask to every head's "
+                             "scores before the softmax")
+    checks.expect_close(out, expected, what=what,
+                        hint="add the additive (L, L) mask to the scaled scores of every head, before the softmax; "
+                             + _hbh_hint(out, layer, X, mask[None, None]))
+
+
+def test_head_by_head_forward_mask__causal(student):
+    _check_hbh_mask(student, 5, create_causal_mask(9)[0, 0])  # (1, 1, L, L) -> (L, L)
+
+
+def test_head_by_head_forward_mask__padding(student):
+    mask = np.zeros((6, 6))
+    mask[:, 4:] = -np.inf  # the last two keys are padding: nobody attends to them
+    _check_hbh_mask(student, 6, mask)
+
+
+def test_head_by_head_forward_memory(student):
+    # 1. inputs: 16 heads, so the fused layer holds sixteen (L, L) matrices where one head needs one
+    B, L, d_model, h = 1, 256, 64, 16
+    layer, X = _layer_inputs(7, B, L, d_model, h)
+    expected = layer.forward(X)
+    budget = checks.peak_bytes(layer.forward, X) // 2
+    # 2. call
+    out, peak = checks.call_with_peak(student, "head_by_head_forward", X, *_weights(layer), h)
+    # 3. judge
+    what = f"head_by_head_forward memory (B={B}, L={L}, num_heads={h})"
+    checks.expect_array(out, what=what, shape=X.shape)
+    checks.expect_close(out, expected, what=what + " needs the right output first", hint=_hbh_hint(out, layer, X))
+    checks.expect_within_budget(
+        peak, budget, what=what + " (half the fused layer's peak)",
+        hint="more than one head's (B, L, L) scores are alive at once: a full (B, h, L, L) score tensor, or a list "
+             "that keeps every head's weights; compute one head, add its contribution, let its matrix go")
+
+
+# --- chunked_attention ---------------------------------------------------------------------------
+
+
+def _qkv(seed: int, B: int, h: int, L: int, d: int, scale: float = 1.0):
+    rng = np.random.default_rng(seed)
+    Q = scale * rng.standard_normal((B, h, L, d))
+    K, V = rng.standard_normal((B, h, L, d)), rng.standard_normal((B, h, L, d))
+    return Q, K, V
+
+
+def _attention(Q, K, V, causal=False) -> np.ndarray:
+    return scaled_dot_product_attention(Q, K, V, create_causal_mask(Q.shape[2]) if causal else None)[0]
+
+
+def _close(a, b) -> bool:
+    return a.shape == b.shape and bool(np.allclose(a, b, rtol=1e-8, atol=1e-10))
+
+
+def _chunked_hint(student, out, Q, K, V, block, causal=False) -> str:
+    """Name the likely bug from how the output differs (only cheap extra references and calls)."""
+    L = Q.shape[2]
+    expected = _attention(Q, K, V, causal)
+    full = (L // block) * block  # where the last full block ends
+    if full < L and full > 0:
+        if np.allclose(out[:, :, :full], expected[:, :, :full], rtol=1e-8, atol=1e-10):
+            return (f"rows {full}..{L - 1} are wrong: the last, partial query block is skipped "
+                    "(loop over ceil(L / block_size) blocks)")
+        if not causal and _close(out, _attention(Q, K[:, :, :full], V[:, :, :full])):
+            return "the last, partial key block is skipped (loop over ceil(L / block_size) blocks)"
+    if causal and _close(out, _attention(Q, K, V)):
+        return "causal=True is ignored: mask the keys j > i and skip the blocks above the diagonal"
+    if block < L:
+        try:
+            one_block = checks.call(student, "chunked_attention", Q, K, V, L, causal=causal)
+        except AssertionError:
+            one_block = None
+        if isinstance(one_block, np.ndarray) and _close(one_block, expected):
+            return ("right with one block, wrong across several: when the running maximum grows, rescale the "
+                    "accumulator and the normaliser by exp(m_old - m_new), and carry the running max m forward")
+    d = Q.shape[-1]
+    if _close(out, _attention(Q * np.sqrt(d) / d, K, V, causal)):
+        return "the scores are divided by d instead of sqrt(d)"
+    return ("check the scale 1/sqrt(d) with d = Q.shape[-1], the online-softmax update "
+            "(m_new = max(m, rowmax(S)); l = exp(m - m_new) l + rowsum(P); acc = exp(m - m_new) acc + P V), "
+            "and the final division acc / l")
+
+
+def _check_chunked(student, seed, B, h, L, d, block, causal=False, what_extra=""):
+    # 1. inputs
+    Q, K, V = _qkv(seed, B, h, L, d)
+    expected = _attention(Q, K, V, causal)
+    # 2. call
+    out = checks.call(student, "chunked_attention", Q, K, V, block, causal=causal)
+    # 3. judge
+    what = f"chunked_attention (B={B}, h={h}, L={L}, d={d}, block_size={block}, causal={causal}){what_extra}"
+    checks.expect_true(type(out) is np.ndarray and out.shape == expected.shape, what=f"{what}: expected an ndarray "
+                       f"of shape {expected.shape}, got {getattr(out, 'shape', type(out).__name__)}",
+                       hint="return an array shaped like Q: (B, h, L, d)")
+    if causal and not np.isfinite(out).all():
+        raise AssertionError(f"{what}: NaN or inf in the output. Likely bug: the causal mask of the diagonal block "
+                             "also hides the diagonal, so query 0 sees no key at all: mask key j for query i only "
+                             "when j > i (global positions qs + r and ks + c)")
+    checks.expect_array(out, what=what, shape=expected.shape)
+    checks.expect_close(out, expected, what=what, hint=_chunked_hint(student, out, Q, K, V, block, causal))
+
+
+def test_chunked_attention_shape(student):
+    # 1. inputs
+    Q, K, V = _qkv(11, B=3, h=2, L=11, d=7)
+    # 2. call
+    out = checks.call(student, "chunked_attention", Q, K, V, 4)
+    # 3. judge
+    checks.expect_array(out, what="chunked_attention output (B=3, h=2, L=11, d=7, block_size=4)", shape=(3, 2, 11, 7))
+
+
+def test_chunked_attention_values__one_block(student):
+    _check_chunked(student, 12, B=2, h=3, L=10, d=6, block=16)
+
+
+def test_chunked_attention_values__several_blocks(student):
+    _check_chunked(student, 13, B=2, h=2, L=24, d=5, block=8)
+
+
+def test_chunked_attention_values__partial_block(student):
+    _check_chunked(student, 14, B=1, h=3, L=29, d=4, block=8)
+
+
+def test_chunked_attention_values__one_token(student):
+    _check_chunked(student, 15, B=2, h=2, L=1, d=3, block=4)
+
+
+def test_chunked_attention_causal__partial_block(student):
+    _check_chunked(student, 16, B=2, h=2, L=29, d=5, block=8, causal=True)
+
+
+def test_chunked_attention_causal__block_of_one(student):
+    _check_chunked(student, 17, B=1, h=3, L=7, d=4, block=1, causal=True)
+
+
+def test_chunked_attention_causal__one_token(student):
+    _check_chunked(student, 18, B=1, h=1, L=1, d=4, block=2, causal=True)
+
+
+def test_chunked_attention_stability(student):
+    # 1. inputs: scores of about +-1000, far beyond exp's float64 range (exp(710) overflows)
+    Q, K, V = _qkv(19, B=1, h=2, L=48, d=8, scale=1000.0)
+    expected = _attention(Q, K, V)
+    # 2. call
+    out = checks.call(student, "chunked_attention", Q, K, V, 16)
+    # 3. judge
+    what = "chunked_attention with large scores (|S| ~ 1000)"
+    if type(out) is np.ndarray and out.shape == expected.shape and not np.isfinite(out).all():
+        raise AssertionError(f"{what}: NaN or inf in the output. Likely bug: exp overflowed: subtract the running "
+                             "maximum m before exp (P = exp(S - m_new)), and rescale with exp(m_old - m_new)")
+    checks.expect_array(out, what=what, shape=expected.shape)
+    checks.expect_close(out, expected, what=what, hint=_chunked_hint(student, out, Q, K, V, 16))
+
+
+def test_chunked_attention_memory(student):
+    # 1. inputs: a full (B, h, L, L) float64 score tensor would take 32 MiB
+    B, h, L, d, block = 1, 4, 1024, 16, 64
+    Q, K, V = _qkv(20, B, h, L, d)
+    expected = _attention(Q, K, V)
+    full_scores = B * h * L * L * 8
+    budget = full_scores // 8
+    # 2. call
+    out, peak = checks.call_with_peak(student, "chunked_attention", Q, K, V, block)
+    # 3. judge
+    what = f"chunked_attention memory (B={B}, h={h}, L={L}, d={d}, block_size={block})"
+    checks.expect_array(out, what=what, shape=expected.shape)
+    checks.expect_close(out, expected, what=what + " needs the right output first",
+                        hint=_chunked_hint(student, out, Q, K, V, block))
+    checks.expect_within_budget(
+        peak, budget, what=f"{what} (1/8 of a full {full_scores // MiB} MiB score tensor)",
+        hint="an L x L (or L x block_size) score matrix is built: work in tiles of block_size queries x "
+             "block_size keys, so the largest temporary is (B, h, block_size, block_size)")
