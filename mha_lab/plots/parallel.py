@@ -9,6 +9,7 @@ import numpy as np
 from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
+from matplotlib.ticker import MaxNLocator
 
 from mha_lab.analysis import MODEL_CONFIGS, dtype_bytes
 from mha_lab.cpu import GroupedQueryAttention
@@ -47,14 +48,17 @@ def plot_weight_split(d_model: int = 32, num_heads: int = 8, num_kv_heads: int |
               ("W_O", _owners(layer.W_O.shape, cols["Q"], 0), "row-parallel")]
     colors = plt.get_cmap("tab10").colors[:world_size]
     cmap = ListedColormap(["0.75", *colors])  # index 0: replicated, 1..N: devices
-    widths = [p[1].shape[1] for p in panels]
+    widths = [max(p[1].shape[1], d_model // 2) for p in panels]  # room for the titles of narrow K/V panels
     fig, axes = plt.subplots(1, 4, figsize=(11, 3.6), gridspec_kw={"width_ratios": widths})
     for ax, (name, owner, how) in zip(axes, panels, strict=True):
         ax.imshow(np.where(owner == _REPLICATED, 0, owner + 1), cmap=cmap, vmin=0, vmax=world_size,
                   interpolation="nearest", aspect="equal")
         if (owner == _REPLICATED).any():
             ax.contourf(owner == _REPLICATED, levels=[0.5, 1.5], colors="none", hatches=["//"])
-        ax.set_title(f"{name} {owner.shape}\n{how}", fontsize=9)
+        if (owner == _REPLICATED).all():
+            how = "replicated"
+        ax.set_title(f"{name}\n{owner.shape}\n{how}", fontsize=8)
+        ax.xaxis.set_major_locator(MaxNLocator(nbins=3, integer=True))
         ax.set_xlabel("column", fontsize=8)
         ax.set_ylabel("row", fontsize=8)
         ax.tick_params(labelsize=7)
