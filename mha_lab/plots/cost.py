@@ -168,9 +168,9 @@ def plot_time_vs_length(lengths: Sequence[int], seconds: Sequence[float], d_mode
     flops = np.array([sum(flops_breakdown(batch_size, int(n), d_model, n_heads).values()) for n in L])
     core = np.array([(lambda f: f["qk"] + f["av"] + f["softmax"])(flops_breakdown(batch_size, int(n), d_model,
                                                                                    n_heads)) for n in L])
-    k = fit_exponent(L[len(L) // 2:], t[len(L) // 2:])
+    k = fit_exponent(L, t)
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    ax.loglog(L, t * 1e3, "o-", label=f"measured (upper half fits L^{k:.2f})")
+    ax.loglog(L, t * 1e3, "o-", label=f"measured (log-log fit: L^{k:.2f})")
     ax.loglog(L, flops * t[-1] / flops[-1] * 1e3, "--", label="count_flops, scaled to the last point")
     ax.loglog(L, core * t[-1] / flops[-1] * 1e3, ":", label="its L² part (core + softmax)")
     return _finish(fig, ax, xlabel="sequence length L (tokens)", ylabel="forward time (ms)",
