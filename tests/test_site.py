@@ -149,6 +149,10 @@ def check_page(browser, base: str, root: Path, page_path: str, screenshot: Path 
     page.on("response", lambda r: errors.append(f"HTTP {r.status}: {r.url}") if r.status >= 400 else None)
     try:
         page.goto(f"{base}/{page_path}", wait_until="load")
+        redirect = re.search(r'http-equiv="refresh" content="\d+;\s*url=([^"]+)"', (root / page_path).read_text(), re.I)
+        if redirect:  # the root index.html forwards to the home page: check where it lands
+            page.wait_for_url(f"{base}/{redirect.group(1)}")
+            page.wait_for_load_state("load")
         # MathJax typesets asynchronously; mermaid renders on window load.
         page.wait_for_function("() => !window.MathJax || (window.MathJax.startup && window.MathJax.startup.promise)")
         page.evaluate("() => window.MathJax ? window.MathJax.startup.promise : null")
