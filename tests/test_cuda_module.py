@@ -332,14 +332,14 @@ def test_gpu_float32_kernel_matches_reference_and_module_trains():
         assert torch.allclose(flash_attention(q, k, v, causal), attention_ref(q, k, v, causal), rtol=1e-4, atol=1e-4)
     torch.manual_seed(0)
     eager = MultiHeadAttention(256, 4, num_kv_heads=2, causal=True, backend="eager", device="cuda")
-    triton = MultiHeadAttention(256, 4, num_kv_heads=2, causal=True, backend="triton", device="cuda")
-    triton.load_state_dict(eager.state_dict())
+    fused = MultiHeadAttention(256, 4, num_kv_heads=2, causal=True, backend="triton", device="cuda")
+    fused.load_state_dict(eager.state_dict())
     X = torch.randn(2, 300, 256, device="cuda")
-    out_e, out_t = eager(X), triton(X)
+    out_e, out_t = eager(X), fused(X)
     out_e.sum().backward()
     out_t.sum().backward()
     assert torch.allclose(out_t, out_e, rtol=1e-4, atol=1e-4)
-    for name, p in triton.named_parameters():
+    for name, p in fused.named_parameters():
         assert torch.allclose(p.grad, dict(eager.named_parameters())[name].grad, rtol=1e-3, atol=1e-3), name
 
 

@@ -62,6 +62,7 @@ def _qkv(B=1, H=4, H_kv=2, L=8, D=16, dtype=torch.float32):
     ((torch.zeros(1, 2, 8, 16), torch.zeros(1, 2, 8, 16, dtype=torch.float64), torch.zeros(1, 2, 8, 16)), TypeError,
      "share a dtype"),
     (("q", "k", "v"), TypeError, "torch.Tensor"),
+    ((torch.zeros(1, 1, 1, 16).expand(65536, 1, 1, 16),) * 3, ValueError, "exceeds the launch grid"),
 ])
 def test_wrapper_validates_before_launching(args, error, match):
     from mha_lab.cuda.flash import flash_attention

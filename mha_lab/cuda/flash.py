@@ -51,6 +51,7 @@ __all__ = ["flash_attention", "attention_ref"]
 
 _INTERPRET = triton.knobs.runtime.interpret  # decided when this module is imported, as for @triton.jit
 _MIN_HEAD_DIM, _MAX_HEAD_DIM = 16, 128
+_MAX_GRID_Y = 65535  # CUDA's limit on the grid's second axis, which runs over batch x heads
 _CUDA_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _INTERPRETER_DTYPES = (torch.float32, torch.float64)
 
@@ -217,6 +218,8 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         raise ValueError(f"query heads ({H}) must be a multiple of key/value heads ({H_kv})")
     if L < 1 or B < 1:
         raise ValueError(f"empty input: batch {B}, length {L}")
+    if B * H > _MAX_GRID_Y:
+        raise ValueError(f"batch x heads = {B * H} exceeds the launch grid's limit of {_MAX_GRID_Y}; split the batch")
     if not _MIN_HEAD_DIM <= D <= _MAX_HEAD_DIM:
         raise ValueError(f"head size D={D} is not supported: the kernel takes {_MIN_HEAD_DIM} <= D <= {_MAX_HEAD_DIM}")
     if not q.dtype == k.dtype == v.dtype:
