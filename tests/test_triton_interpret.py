@@ -80,3 +80,50 @@ def test_wrapper_refuses_cpu_tensors_without_the_interpreter():
         flash_attention(*_qkv())
     with pytest.raises(ValueError, match="sm_scale"):
         flash_attention(*_qkv(), sm_scale=-1.0)
+
+
+def _compile_for_gpu(dtype: torch.dtype, D: int, causal: bool, arch: int):
+    """Compile ``_attn_fwd`` ahead of time for an NVIDIA target, specialised as a launch on
+    contiguous (B, 32, 4096, D) tensors would be (unit strides folded in, the rest 16-divisible)."""
+    from triton import compile as triton_compile
+    from triton import next_power_of_2
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from mha_lab.cuda.flash import _attn_fwd, _launch_config
+
+    H, L = 32, 4096
+    ty = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}[dtype]
+    block_d = max(next_power_of_2(D), 16)
+    config = _launch_config(block_d, dtype)
+    ints = {f"stride_{t}{axis}": value for t in "qkvo"
+            for axis, value in zip(("b", "h", "m" if t in "qo" else "n", "d"), (H * L * D, L * D, D, 1), strict=True)}
+    ints.update(H=H, N_REP=1, L=L)
+    constants = {name: value for name, value in ints.items() if value == 1}
+    constants.update(HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"], CAUSAL=causal,
+                     DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32")
+    signature = {name: f"*{ty}" for name in ("Q", "K", "V", "Out")}
+    signature.update(LSE="*fp32", sm_scale="fp32", **{name: "i32" for name in ints})
+    signature.update({name: "constexpr" for name in constants})
+    names = list(_attn_fwd.arg_names)
+    aligned = [n for n in names if n in ("Q", "K", "V", "Out", "LSE") or ints.get(n, 1) % 16 == 0]
+    src = ASTSource(_attn_fwd, signature, {(names.index(n),): v for n, v in constants.items()},
+                    {(names.index(n),): [["tt.divisibility", 16]] for n in aligned})
+    return triton_compile(src, target=GPUTarget("cuda", arch, 32),
+                          options={"num_warps": config["num_warps"], "num_stages": config["num_stages"]})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype, D, causal, arch, tensor_cores", [
+    (torch.float16, 64, True, 90, True), (torch.bfloat16, 128, False, 90, True), (torch.float32, 40, True, 80, False),
+])
+def test_gpu_build_compiles_and_fits_in_shared_memory(dtype, D, causal, arch, tensor_cores):
+    """The CUDA path never runs here, so compile it for A100 (sm_80) and H100 (sm_90) without a GPU.
+
+    Half precision must use tensor cores (mma); float32 must not, since TF32 would break its precision.
+    """
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("this process runs the interpreter")
+    kernel = _compile_for_gpu(dtype, D, causal, arch)
+    assert ("mma" in kernel.asm["ptx"]) == tensor_cores
+    assert 0 < kernel.metadata.shared <= 227 * 1024, f"{kernel.metadata.shared} bytes of shared memory"
