@@ -80,8 +80,11 @@ def softmax_backward(A: np.ndarray, grad_A: np.ndarray, axis: int = -1) -> np.nd
 
     Masked positions have ``A == 0`` and therefore get zero gradient with no special case.
     """
-    row_dot = np.sum(grad_A * A, axis=axis, keepdims=True)  # (..., L, 1)
-    return A * (grad_A - row_dot)
+    # rowsum(grad_A * A) in one pass, without an (L, L) temporary for the product
+    row_dot = np.einsum("...j,...j->...", np.moveaxis(grad_A, axis, -1), np.moveaxis(A, axis, -1))
+    grad_S = grad_A - np.expand_dims(row_dot, axis)  # (..., L, L): the only new (L, L) buffer
+    grad_S *= A
+    return grad_S
 
 
 def create_causal_mask(seq_len: int, dtype: np.dtype | type = np.float64) -> np.ndarray:
