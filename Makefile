@@ -45,7 +45,7 @@ grade: $(STAMP)
 	$(BIN)/python -m mha_lab.grading.batch $(A)
 
 bench: $(STAMP)
-	$(BIN)/python -m mha_lab bench
+	$(BIN)/python -m mha_lab bench $(BENCH_ARGS)
 
 serve: book
 	$(BIN)/python -m http.server --bind 127.0.0.1 --directory _build/html 8000

@@ -10,6 +10,7 @@ import sys
 
 
 def _bench_gpu(argv: list[str]) -> int:
+    """Run ``mha_lab.cuda.bench_gpu.main(argv)``, or explain why it cannot run here; returns the exit status."""
     try:
         import torch
     except ImportError:
@@ -23,8 +24,7 @@ def _bench_gpu(argv: list[str]) -> int:
     except ImportError as err:
         print(f"--gpu: the GPU benchmark (mha_lab.cuda.bench_gpu) cannot be imported: {err}", file=sys.stderr)
         return 1
-    bench_gpu.main(argv)
-    return 0
+    return bench_gpu.main(argv)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,8 @@
 """Side-by-side timing and peak memory of every attention implementation: ``python -m mha_lab bench``.
 
-Every implementation gets the same weights and the same input, and its output is checked
+NumPy's implementations run against PyTorch's (``mha_lab.cuda.MultiHeadAttention`` with its
+eager and SDPA backends, and ``torch.nn.MultiheadAttention``) on the CPU. Every
+implementation gets the same weights and the same input, and its output is checked
 against the NumPy float64 reference once per shape before anything is timed. Repeats are
 interleaved (round-robin over implementations), so drift on a shared machine hits all of
 them alike, and each time is the median of the repeats.
@@ -223,27 +225,11 @@ def _numpy_forwards(layer: MultiHeadAttention, layer32: MultiHeadAttention) -> d
     }
 
 
-def _torch_weights(layer, requires_grad: bool = False) -> dict:
-    torch = _torch()
-    return {n: torch.from_numpy(getattr(layer, f"W_{n}")).clone().requires_grad_(requires_grad) for n in "QKVO"}
+def _torch_module(layer, backend: str):
+    """``mha_lab.cuda.MultiHeadAttention`` holding the NumPy layer's weights; ``backend`` "eager" or "sdpa"."""
+    from mha_lab.cuda import MultiHeadAttention as TorchMultiHeadAttention
 
-
-def _torch_attention(W: dict, num_heads: int, backend: str) -> Callable:
-    """Plain PyTorch attention with the NumPy layer's weights; ``backend`` is "eager" or "sdpa"."""
-    torch = _torch()
-
-    def forward(x):
-        B, L, d = x.shape
-        # (B, L, d_model) -> (B, L, h, d_k) -> (B, h, L, d_k)
-        q, k, v = ((x @ W[n]).view(B, L, num_heads, d // num_heads).transpose(1, 2) for n in "QKV")
-        if backend == "sdpa":
-            z = torch.nn.functional.scaled_dot_product_attention(q, k, v)
-        else:
-            s = q @ k.transpose(-2, -1) / (d // num_heads) ** 0.5  # (B, h, L, L)
-            z = torch.softmax(s, dim=-1) @ v  # (B, h, L, d_k)
-        return z.transpose(1, 2).reshape(B, L, d) @ W["O"]  # (B, h, L, d_k) -> (B, L, d_model)
-
-    return forward
+    return TorchMultiHeadAttention.from_numpy(layer, backend=backend)
 
 
 def _torch_nn_mha(layer):
@@ -260,10 +246,9 @@ def _torch_nn_mha(layer):
 def _torch_forwards(layer) -> dict[tuple[str, str], tuple]:
     if _torch() is None:
         return {}
-    W = _torch_weights(layer)
     return {
-        ("torch eager", "float64"): (_torch_attention(W, layer.num_heads, "eager"), "torch", True),
-        ("torch SDPA", "float64"): (_torch_attention(W, layer.num_heads, "sdpa"), "torch", False),
+        ("torch eager", "float64"): (_torch_module(layer, "eager"), "torch", True),
+        ("torch SDPA", "float64"): (_torch_module(layer, "sdpa"), "torch", False),
         ("torch nn.MultiheadAttention", "float64"): (_torch_nn_mha(layer), "torch", False),
     }
 
@@ -467,15 +452,13 @@ class _Shape:
             for backend in ("eager", "sdpa"):
                 if backend == "eager" and self.score_bytes > MAX_SCORE_BYTES:
                     continue
-                W = _torch_weights(layer, requires_grad=True)
-                fwd, x = _torch_attention(W, layer.num_heads, backend), torch.from_numpy(self.X).requires_grad_()
+                module, x = _torch_module(layer, backend), torch.from_numpy(self.X).requires_grad_()
 
-                def torch_step(fwd=fwd, x=x, W=W):
+                def torch_step(module=module, x=x):
                     x.grad = None
-                    for w in W.values():
-                        w.grad = None
-                    fwd(x).backward(g)
-                    return x.grad, W["Q"].grad
+                    module.zero_grad(set_to_none=True)
+                    module(x).backward(g)
+                    return x.grad, module.W_Q.grad
 
                 calls[(f"torch autograd {'SDPA' if backend == 'sdpa' else backend}", "float64")] = torch_step
         grad_X = numpy_step()
