@@ -27,7 +27,7 @@ CHROMIUM_ARGS = [
 SCREENSHOT_PAGES = ["book/intro.html", "book/notation.html", "book/01_intuition.html"]
 SKIP_DIRS = {"_static", "_sources", "_images", "_downloads"}
 
-pytestmark = pytest.mark.skipif(
+needs_chromium = pytest.mark.skipif(
     not CHROMIUM.exists(),
     reason="the browser check needs Chromium at /usr/bin/chromium: apt-get install chromium (.ci/run does)",
 )
@@ -57,6 +57,9 @@ PAGE_REPORT_JS = """
   };
 }
 """
+
+
+MERMAID_DONE_JS = "() => [...document.querySelectorAll('.mermaid')].every(e => e.querySelector('svg'))"
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
@@ -129,8 +132,11 @@ def broken_links(links: list[str], base: str, root: Path) -> list[str]:
     return broken
 
 
-def check_page(browser, base: str, root: Path, page_path: str, screenshot: Path | None) -> list[str]:
+def check_page(browser, base: str, root: Path, page_path: str, screenshot: Path | None,
+               render_timeout_ms: int = 20_000) -> list[str]:
     """Load one page offline and return the list of problems found on it."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     blocked: list[str] = []
 
@@ -156,9 +162,10 @@ def check_page(browser, base: str, root: Path, page_path: str, screenshot: Path 
         # MathJax typesets asynchronously; mermaid renders on window load.
         page.wait_for_function("() => !window.MathJax || (window.MathJax.startup && window.MathJax.startup.promise)")
         page.evaluate("() => window.MathJax ? window.MathJax.startup.promise : null")
-        page.wait_for_function(
-            "() => [...document.querySelectorAll('.mermaid')].every(e => e.querySelector('svg'))", timeout=20_000
-        )
+        try:  # a diagram that never renders is reported below, with everything else
+            page.wait_for_function(MERMAID_DONE_JS, timeout=render_timeout_ms)
+        except PlaywrightTimeout:
+            pass
         page.evaluate("() => Promise.all([...document.images].map(i => i.decode().catch(() => null)))")
         report = page.evaluate(PAGE_REPORT_JS)
         if screenshot is not None:
@@ -185,6 +192,7 @@ def check_page(browser, base: str, root: Path, page_path: str, screenshot: Path 
     return problems
 
 
+@needs_chromium
 def test_every_page_renders_offline(built_site: Path, server: str, browser):
     """Each page: title shown, math typeset, images loaded, diagrams drawn, no errors, links resolve."""
     shots = built_site.parent / "screenshots"
@@ -204,6 +212,7 @@ def test_every_page_renders_offline(built_site: Path, server: str, browser):
     assert len(taken) == len(SCREENSHOT_PAGES), f"expected {len(SCREENSHOT_PAGES)} screenshots, got {taken}"
 
 
+@needs_chromium
 def test_math_and_diagrams_are_really_there(built_site: Path, server: str, browser):
     """Guard against a vacuous pass: the notation page has math and two diagrams, and they render."""
     context = browser.new_context()
@@ -216,6 +225,52 @@ def test_math_and_diagrams_are_really_there(built_site: Path, server: str, brows
     assert page.locator(".mermaid svg").count() == 2, "the forward and backward diagrams must both render"
     assert "grad_X" in page.locator(".mermaid").nth(1).inner_text()
     context.close()
+
+
+BROKEN_PAGE = """<!DOCTYPE html><html><head><title>Broken</title></head><body><article>
+<h1>Broken</h1>
+<p>Raw math: $$x^2$$</p>
+<img src="missing.png">
+<img src="https://example.org/remote.png">
+<div class="mermaid">graph TD; A-->B</div>
+<a href="nowhere.html">a dead link</a>
+<script>throw new Error("boom");</script>
+</article></body></html>"""
+
+
+@needs_chromium
+def test_checker_reports_every_kind_of_problem(tmp_path: Path, browser):
+    """The page checker itself, on a page that breaks every rule: nothing may pass unnoticed."""
+    (tmp_path / "broken.html").write_text(BROKEN_PAGE)
+    handler = functools.partial(_QuietHandler, directory=str(tmp_path))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{httpd.server_address[1]}"
+        problems = "\n".join(check_page(browser, base, tmp_path, "broken.html", None, render_timeout_ms=1000))
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    for expected in ["pageerror: boom", "HTTP 404", "request to another host", "raw math delimiters",
+                     "image did not load", "mermaid diagram(s) not rendered", "broken link"]:
+        assert expected in problems, f"the checker missed {expected!r}; it reported:\n{problems}"
+
+
+# Sphinx warnings that mean a reader would meet broken content: a cross-reference or citation rendered as
+# plain text, a glued number that failed to format, a missing image. A download of an assignment that
+# is not released yet is allowed (the grading page says so), and so are the kernel's own log lines.
+BROKEN_CONTENT = re.compile(
+    r"WARNING: (undefined label|unknown document|.*reference target not found|could not find bibtex key"
+    r"|.*citation.*not found|Failed to format|image file not readable|Unknown (directive|interpreted text role)"
+    r"|duplicate label|.*does not exist in the toc|toctree contains reference to nonexisting)"
+)
+
+
+def test_build_has_no_broken_references(built_site: Path):
+    log = built_site.parent / "book_build.log"
+    assert log.exists(), "the build log is missing"
+    broken = sorted({line.strip() for line in log.read_text().splitlines() if BROKEN_CONTENT.search(line)})
+    assert not broken, "make book warned about broken content:\n" + "\n".join(broken)
 
 
 def test_broken_links_are_detected(tmp_path: Path):
