@@ -90,27 +90,28 @@ def _compile_for_gpu(dtype: torch.dtype, D: int, causal: bool, arch: int):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from mha_lab.cuda.flash import _attn_fwd, _launch_config
+    from mha_lab.cuda.flash import _attn_fwd, _gpu_tiles
 
     H, L = 32, 4096
     ty = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}[dtype]
     block_d = max(next_power_of_2(D), 16)
-    config = _launch_config(block_d, dtype)
+    block_m, block_n, num_warps, num_stages = _gpu_tiles(dtype, block_d)[0]  # the first candidate
     ints = {f"stride_{t}{axis}": value for t in "qkvo"
             for axis, value in zip(("b", "h", "m" if t in "qo" else "n", "d"), (H * L * D, L * D, D, 1), strict=True)}
     ints.update(H=H, N_REP=1, L=L)
     constants = {name: value for name, value in ints.items() if value == 1}
-    constants.update(HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"], CAUSAL=causal,
+    constants.update(HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal,
                      DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32")
     signature = {name: f"*{ty}" for name in ("Q", "K", "V", "Out")}
     signature.update(LSE="*fp32", sm_scale="fp32", **{name: "i32" for name in ints})
     signature.update({name: "constexpr" for name in constants})
-    names = list(_attn_fwd.arg_names)
+    kernel = _attn_fwd.fn  # the @triton.jit function under the autotuner
+    names = list(kernel.arg_names)
     aligned = [n for n in names if n in ("Q", "K", "V", "Out", "LSE") or ints.get(n, 1) % 16 == 0]
-    src = ASTSource(_attn_fwd, signature, {(names.index(n),): v for n, v in constants.items()},
+    src = ASTSource(kernel, signature, {(names.index(n),): v for n, v in constants.items()},
                     {(names.index(n),): [["tt.divisibility", 16]] for n in aligned})
     return triton_compile(src, target=GPUTarget("cuda", arch, 32),
-                          options={"num_warps": config["num_warps"], "num_stages": config["num_stages"]})
+                          options={"num_warps": num_warps, "num_stages": num_stages})
 
 
 @pytest.mark.slow
@@ -127,3 +128,21 @@ def test_gpu_build_compiles_and_fits_in_shared_memory(dtype, D, causal, arch, te
     kernel = _compile_for_gpu(dtype, D, causal, arch)
     assert ("mma" in kernel.asm["ptx"]) == tensor_cores
     assert 0 < kernel.metadata.shared <= 227 * 1024, f"{kernel.metadata.shared} bytes of shared memory"
+
+
+@pytest.mark.parametrize("dtype, D, first", [
+    (torch.float16, 64, (128, 64, 4, 3)), (torch.bfloat16, 40, (128, 64, 4, 3)), (torch.float16, 128, (128, 64, 8, 3)),
+    (torch.float32, 64, (64, 32, 4, 2)),
+])
+def test_autotuner_times_only_the_tiles_listed_for_the_launch(dtype, D, first):
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("this process runs the interpreter")
+    from triton import next_power_of_2
+
+    from mha_lab.cuda.flash import _attn_fwd, _gpu_tiles, _prune_tiles
+
+    block_d = max(next_power_of_2(D), 16)
+    kept = _prune_tiles(_attn_fwd.configs, {"Q": torch.zeros(1, dtype=dtype)}, BLOCK_D=block_d, HEAD_DIM=D)
+    tiles = [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) for c in kept]
+    assert sorted(tiles) == sorted(_gpu_tiles(dtype, block_d)) and _gpu_tiles(dtype, block_d)[0] == first
+    assert all(m % n == 0 for m, n, _, _ in tiles), "the kernel needs BLOCK_M to be a multiple of BLOCK_N"

@@ -84,6 +84,35 @@ def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
     return (torch.softmax(scores, dim=-1) @ v).to(dtype)  # (B, H, L, L) @ (B, H, L, D) -> (B, H, L, D)
 
 
+# Tile candidates (BLOCK_M, BLOCK_N, num_warps, num_stages), timed once per (head size, causal,
+# dtype) on first use. The first of each list is the usual FlashAttention-2 choice on A100/H100;
+# 4-byte inputs get smaller tiles to fit shared memory. The interpreter gets one small tile, so
+# that test-sized inputs still span several query tiles, key blocks and ragged tails.
+_GPU_TILES = {
+    "16-bit, D <= 64": [(128, 64, 4, 3), (128, 64, 4, 4), (64, 64, 4, 3)],
+    "16-bit, D > 64": [(128, 64, 8, 3), (128, 64, 4, 3), (128, 32, 4, 3), (64, 64, 4, 3)],
+    "32-bit": [(64, 32, 4, 2), (32, 32, 4, 2)],
+}
+_INTERPRETER_TILE = (16, 16, 1, 1)
+
+
+def _gpu_tiles(dtype: torch.dtype, block_d: int) -> list[tuple[int, int, int, int]]:
+    """The tile candidates on a GPU for inputs of ``dtype`` with padded head size ``block_d``."""
+    if dtype.itemsize >= 4:
+        return _GPU_TILES["32-bit"]
+    return _GPU_TILES["16-bit, D <= 64" if block_d <= 64 else "16-bit, D > 64"]
+
+
+def _prune_tiles(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
+    """Autotuner hook: keep only the configs listed for this launch's dtype and head size."""
+    wanted = _gpu_tiles(named_args["Q"].dtype, kwargs["BLOCK_D"])
+    return [c for c in configs if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) in wanted]
+
+
+_TILES = [_INTERPRETER_TILE] if _INTERPRET else list(dict.fromkeys(t for ts in _GPU_TILES.values() for t in ts))
+_CONFIGS = [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=st) for m, n, w, st in _TILES]
+
+
 @triton.jit
 def _load_tile(ptrs, rows, n_rows, cols, n_cols, CHECK_ROWS: tl.constexpr, CHECK_COLS: tl.constexpr):
     """Load a (rows, cols) tile, zero-filling rows >= n_rows and columns >= n_cols where asked."""
@@ -132,6 +161,7 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stri
     return acc, l_i, m_i
 
 
+@triton.autotune(configs=_CONFIGS, key=["HEAD_DIM", "CAUSAL"], prune_configs_by={"early_config_prune": _prune_tiles})
 @triton.jit
 def _attn_fwd(Q, K, V, Out, LSE, sm_scale,
               stride_qb, stride_qh, stride_qm, stride_qd,
@@ -190,18 +220,6 @@ def _attn_fwd(Q, K, V, Out, LSE, sm_scale,
              acc.to(Out.dtype.element_ty), mask=out_mask)
 
 
-def _launch_config(block_d: int, dtype: torch.dtype) -> dict[str, int]:
-    """Tile sizes and launch parameters: small tiles for the interpreter, GPU-sized otherwise."""
-    if _INTERPRET:
-        # several query tiles and key blocks (and their ragged tails) even at test sizes
-        return {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 1, "num_stages": 1}
-    if dtype == torch.float32:  # 4-byte tiles: halve them to fit shared memory
-        return {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2}
-    if block_d <= 64:
-        return {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
-    return {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3}
-
-
 def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     """Raise a ValueError/TypeError/RuntimeError naming the problem before anything is launched."""
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -247,15 +265,15 @@ def _flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
     acc_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     out = torch.empty_like(q, memory_format=torch.contiguous_format)  # (B, H, L, D)
     lse = torch.empty((B, H, L), dtype=acc_dtype, device=q.device)  # natural-log log-sum-exp per row
-    config = _launch_config(block_d, q.dtype)
-    grid = (triton.cdiv(L, config["BLOCK_M"]), B * H)
+    def grid(meta):
+        return (triton.cdiv(L, meta["BLOCK_M"]), B * H)
+
     _attn_fwd[grid](
         q, k, v, out, lse, sm_scale,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(),
         H, H // k.shape[1], L,
         HEAD_DIM=D, BLOCK_D=block_d, CAUSAL=causal,
         DOT_PRECISION="ieee" if q.dtype in (torch.float32, torch.float64) else "tf32",
-        **config,
     )
     return out, lse
 
