@@ -30,13 +30,16 @@ What the kernel supports:
   of two inside the kernel, with masked loads and stores (nothing is copied);
 * any sequence length: the last key block and the last query tile are masked.
 
+Tile sizes are not fixed: on a GPU, the first launch for each head size, causal flag and dtype
+times a few candidate tiles (``_GPU_TILES``) and keeps the fastest.
+
 The backward pass is not a Triton kernel. It is a recompute-based ``torch.autograd.Function``:
 from the saved log-sum-exp it rebuilds :math:`P` one block of query rows at a time in
 PyTorch (float32, or float64 for float64 inputs), so training never holds the full
 :math:`L \times L` matrix either, at the price of speed.
 
-Layout of this file, as in the Triton tutorials: a reference in plain PyTorch, the kernel,
-the wrapper that validates inputs and launches it, and the backward.
+Layout of this file, as in the Triton tutorials: a reference in plain PyTorch, the tile
+candidates, the kernel, the wrapper that validates inputs and launches it, and the backward.
 """
 
 from __future__ import annotations
