@@ -1,0 +1,164 @@
+"""The batch grader (``make grade``) on a small course: broken submissions do not stop the batch.
+
+One tiny assignment, ``demo`` (3 points), graded with the real nbgrader: a good submission, a
+corrupt notebook, a missing notebook, a function that hangs, a kernel that dies, and a
+notebook that switches the hidden checks off, which only the trusted re-judging catches.
+"""
+
+from __future__ import annotations
+
+import csv
+import shutil
+import textwrap
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_notebook
+
+from mha_lab.grading import batch
+from mha_lab.grading.runner import HIDDEN_DIR_ENV
+
+REPO = Path(__file__).resolve().parents[1]
+
+HIDDEN = '''
+import numpy as np
+from mha_lab.grading import checks
+
+
+def test_double_values(student):
+    x = np.random.default_rng(0).normal(size=(3, 4))
+
+    out = checks.call(student, "double", x)
+
+    checks.expect_array(out, what="double(x)", shape=(3, 4))
+    checks.expect_close(out, 2 * x, what="double(x)", hint="multiply by 2")
+
+
+def test_double_int(student):
+    out = checks.call(student, "double", 21)
+
+    checks.expect_true(out == 42, what=f"double(21) gave {out!r}", hint="multiply by 2")
+'''
+
+ANSWER = "def double(x):\n    ### BEGIN SOLUTION\n    return 2 * x\n    ### END SOLUTION"
+
+
+def _cell(source: str, grade_id: str, **meta) -> nbformat.NotebookNode:
+    cell = new_code_cell(source)
+    cell.metadata["nbgrader"] = {"grade": False, "solution": False, "locked": False, "grade_id": grade_id,
+                                 "schema_version": 3, **meta}
+    cell["id"] = grade_id
+    return cell
+
+
+def _tests(grade_id: str, points: int, visible: str) -> nbformat.NotebookNode:
+    hidden = f'### BEGIN HIDDEN TESTS\nfrom mha_lab.grading import run_hidden_checks\n' \
+             f'run_hidden_checks("demo", "{grade_id}", globals())\n### END HIDDEN TESTS'
+    return _cell(f"{visible}\n{hidden}", grade_id, grade=True, locked=True, points=points)
+
+
+def source_notebook() -> nbformat.NotebookNode:
+    nb = new_notebook(cells=[
+        _cell("import numpy as np", "imports", locked=True),
+        _cell(ANSWER, "ans_double", solution=True),
+        _tests("double_values", 2, "assert double(1) == 2"),
+        _tests("double_int", 1, "assert double(0) == 0"),
+    ])
+    nb.metadata["kernelspec"] = {"display_name": "Python 3", "language": "python", "name": "python3"}
+    return nb
+
+
+SUBMISSIONS = {
+    "good": "def double(x):\n    return 2 * x",
+    "hangs": "def double(x):\n    while True:\n        pass",
+    "crashes": "import os\nos._exit(1)",
+    "cheats": textwrap.dedent("""
+        import mha_lab.grading
+        mha_lab.grading.run_hidden_checks = lambda *args, **kwargs: None  # no hidden checks, please
+
+        def double(x):
+            return 2 * x if x in (0, 1) else x
+    """).strip(),
+}
+
+
+@pytest.fixture(scope="module")
+def course(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("demo_course")
+    hidden = root / "hidden"
+    hidden.mkdir()
+    shutil.copy(REPO / "tests" / "hidden" / "conftest.py", hidden)
+    (hidden / "test_demo.py").write_text(HIDDEN)
+    shutil.copy(REPO / "nbgrader_config.py", root)
+    (root / "solutions" / "demo").mkdir(parents=True)
+    nbformat.write(source_notebook(), root / "solutions" / "demo" / "demo.ipynb")
+    proc = batch.nbgrader(root, "generate_assignment", "demo", "--force", timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    release = nbformat.read(root / "assignments" / "demo" / "demo.ipynb", as_version=4)
+    for student, answer in SUBMISSIONS.items():
+        nb = nbformat.from_dict(release)
+        next(c for c in nb.cells if c.get("id") == "ans_double").source = answer
+        folder = root / "submitted" / student / "demo"
+        folder.mkdir(parents=True)
+        nbformat.write(nb, folder / "demo.ipynb")
+    (root / "submitted" / "corrupt" / "demo").mkdir(parents=True)
+    (root / "submitted" / "corrupt" / "demo" / "demo.ipynb").write_text('{"cells": [ this is not JSON')
+    (root / "submitted" / "missing" / "demo").mkdir(parents=True)
+    return root
+
+
+@pytest.fixture(scope="module")
+def graded(course: Path) -> dict[str, batch.StudentResult]:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(HIDDEN_DIR_ENV, str(course / "hidden"))
+        results = batch.grade_assignment(course, "demo", jobs=2, timeout=120, progress=False,
+                                         extra=["--Execute.timeout=5"], trusted=True)
+    return {r.student: r for r in results}
+
+
+@pytest.mark.slow
+def test_good_submission_gets_full_marks(graded):
+    good = graded["good"]
+    assert (good.score, good.max_score, good.error) == (3, 3, "")
+
+
+@pytest.mark.slow
+def test_corrupt_and_missing_notebooks_are_recorded_not_fatal(graded):
+    assert graded["corrupt"].score == 0 and "not a valid notebook" in graded["corrupt"].error
+    assert graded["missing"].score == 0 and graded["missing"].error == "missing notebook demo.ipynb"
+
+
+@pytest.mark.slow
+def test_hanging_cell_times_out_and_loses_only_its_points(graded):
+    hangs = graded["hangs"]
+    assert hangs.cells and hangs.score == 0 and hangs.max_score == 3
+    assert all("Timeout" in c.message or "KeyboardInterrupt" in c.message for c in hangs.cells), hangs.cells
+
+
+@pytest.mark.slow
+def test_dead_kernel_is_recorded(graded):
+    crashed = graded["crashes"]
+    assert crashed.score == 0
+    assert crashed.error or all(c.message for c in crashed.cells), crashed
+
+
+@pytest.mark.slow
+def test_trusted_rejudging_catches_a_notebook_that_disables_the_checks(graded):
+    cheats = graded["cheats"]
+    assert cheats.score == 0, batch.summary_table([cheats])
+    # the in-kernel verdict was full marks: the re-judging is what took them away
+    assert all(c.message.startswith("trusted re-judging") for c in cheats.cells), cheats.cells
+    assert "double(x): values differ" in " ".join(c.message for c in cheats.cells)
+
+
+@pytest.mark.slow
+def test_summary_table_and_csv(graded, course):
+    results = [graded[s] for s in sorted(graded)]
+    table = batch.summary_table(results)
+    assert "NOT GRADED: missing notebook demo.ipynb" in table
+    assert "double_values" in table.split("cheats", 1)[1].splitlines()[0]
+    batch.write_csv(results, course / "grades_demo.csv")
+    rows = {row["student"]: row for row in csv.DictReader(open(course / "grades_demo.csv"))}
+    assert float(rows["good"]["score"]) == 3 and rows["corrupt"]["error"].startswith("demo.ipynb is not a valid")
+    assert (course / "feedback" / "good" / "demo" / "demo.html").is_file()

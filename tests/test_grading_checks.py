@@ -1,0 +1,282 @@
+"""Unit tests of the grading helpers: calling student code, refusing mha_lab's answers, judging."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import mha_lab.cpu
+from mha_lab.grading import checks, run_hidden_checks
+from mha_lab.grading.remote import decode, encode, static_reference_use
+from mha_lab.grading.runner import HIDDEN_DIR_ENV, in_group
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from tests.mutants import Mutant  # noqa: E402 - needs the repository root on sys.path
+
+
+def notebook(source: str, allowed=()) -> checks.Submission:
+    """Run ``source`` as a notebook would and return its namespace as a submission."""
+    namespace: dict = {"__name__": "__main__"}
+    exec(textwrap.dedent(source), namespace)  # noqa: S102 - test fixtures
+    return checks.Submission(namespace, allowed)
+
+
+# --- call --------------------------------------------------------------------------------------
+
+
+def test_call_returns_the_result_and_copies_the_inputs():
+    student = notebook("""
+        def double(x):
+            x *= 2
+            return x
+    """)
+    x = np.ones(3)
+    assert np.array_equal(checks.call(student, "double", x), [2.0, 2.0, 2.0])
+    assert np.array_equal(x, np.ones(3)), "the student's function wrote into the check's input"
+
+
+@pytest.mark.parametrize(("source", "message"), [
+    ("", "`f` is not defined"),
+    ("f = 3", "`f` should be a function"),
+    ("def f(x):\n    raise NotImplementedError('ps9 task 1: f')", "`f` is not implemented yet (NotImplementedError)"),
+    ("def f():\n    return 1", "`f` raised TypeError"),
+    ("def f(x):\n    return x[10]", "`f` raised IndexError"),
+])
+def test_call_explains_what_went_wrong(source, message):
+    with pytest.raises(AssertionError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        checks.call(notebook(source), "f", np.ones(3))
+
+
+@pytest.mark.parametrize("source", [
+    # a name imported into the notebook
+    """
+    from mha_lab.cpu import split_heads
+    def f(x):
+        return split_heads(x, 1)
+    """,
+    # an attribute chain on the package
+    """
+    import mha_lab.cpu
+    def f(x):
+        return mha_lab.cpu.split_heads(x, 1)
+    """,
+    # an import inside the function body
+    """
+    def f(x):
+        from mha_lab.cpu.functional import split_heads as s
+        return s(x, 1)
+    """,
+    # hidden in a helper the graded function calls
+    """
+    from mha_lab import cpu
+    def helper(x):
+        return cpu.split_heads(x, 1)
+    def f(x):
+        return helper(x)
+    """,
+    # in a closure
+    """
+    def make():
+        from mha_lab.cpu import split_heads
+        def inner(x):
+            return split_heads(x, 1)
+        return inner
+    f = make()
+    """,
+    # a layer object from the notebook
+    """
+    from mha_lab.cpu import MultiHeadAttention
+    layer = MultiHeadAttention(4, 1)
+    def f(x):
+        return layer.forward(x)
+    """,
+])
+def test_forbid_reference_sees_the_code(source):
+    with pytest.raises(AssertionError, match=r"`f` uses mha_lab\.cpu\.\w+ instead of implementing it"):
+        checks.call(notebook(source), "f", np.ones((1, 2, 4)))
+
+
+def test_tripwires_catch_what_the_code_hides():
+    student = notebook("""
+        import importlib
+        def f(x):
+            module = importlib.import_module("mha_lab." + "cpu")
+            return getattr(module, "split_" + "heads")(x, 1)
+    """)
+    with pytest.raises(AssertionError, match=r"uses mha_lab\.cpu\.split_heads"):
+        checks.call(student, "f", np.ones((1, 2, 4)))
+    assert mha_lab.cpu.split_heads(np.ones((1, 2, 4)), 2).shape == (1, 2, 2, 2), "tripwire left in place"
+
+
+def test_tripwires_catch_a_swallowed_call():
+    student = notebook("""
+        import mha_lab
+        def f(x):
+            try:
+                getattr(mha_lab.cpu, "merge_" + "heads")(x)
+            except Exception:
+                pass
+            return x
+    """)
+    with pytest.raises(AssertionError, match=r"uses mha_lab\.cpu\.merge_heads"):
+        checks.call(student, "f", np.ones((1, 1, 2, 4)))
+
+
+def test_allowed_helpers_are_allowed():
+    student = notebook("""
+        from mha_lab.cpu import create_causal_mask
+        def f(L):
+            return create_causal_mask(L)
+    """, allowed={"create_causal_mask"})
+    assert checks.call(student, "f", 3).shape == (1, 1, 3, 3)
+
+
+def test_call_replacing_judges_a_function_with_a_reference_helper():
+    student = notebook("""
+        def attention(Q, K, V, mask=None):
+            return Q * 0, None  # broken
+        def layer(Q):
+            return attention(Q, Q, Q)[0]
+    """)
+    Q = np.random.default_rng(0).normal(size=(2, 3, 4))
+    expected = mha_lab.cpu.scaled_dot_product_attention(Q, Q, Q)[0]
+    out = checks.call_replacing(student, {"attention": "mha_lab.cpu.scaled_dot_product_attention"}, "layer", Q)
+    np.testing.assert_allclose(out, expected)
+    assert not np.allclose(checks.call(student, "layer", Q), expected), "the replacement outlived the call"
+
+
+# --- judging -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ([1.0, 2.0], "expected a numpy.ndarray, got list"),
+    (np.ones(3), r"expected shape \(2,\), got \(3,\)"),
+    (np.ones(2, dtype=np.float32), "expected dtype float64, got float32"),
+    (np.array([1.0, np.nan]), "1 entries are NaN or inf. Likely bug: the hint"),
+])
+def test_expect_array_checks_type_shape_dtype_finiteness(value, message):
+    with pytest.raises(AssertionError, match=message):
+        checks.expect_array(value, what="out", shape=(2,), hint="the hint")
+
+
+def test_expect_close_names_the_bug_and_the_error():
+    checks.expect_close(np.ones(3) + 1e-13, np.ones(3), what="out", hint="h")
+    with pytest.raises(AssertionError, match=r"out: values differ .*max abs error 0\.5.*Likely bug: transposed"):
+        checks.expect_close(np.array([1.0, 1.5]), np.ones(2), what="out", hint="transposed")
+
+
+def test_peak_bytes_sees_numpy_buffers_and_the_budget_fails():
+    peak = checks.peak_bytes(lambda n: np.ones(n), 1_000_000)
+    assert 8_000_000 <= peak < 9_000_000
+    with pytest.raises(AssertionError, match="over the budget"):
+        checks.expect_within_budget(peak, 1_000_000, what="forward", hint="full score matrix")
+
+
+# --- running a group -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def hidden_dir(tmp_path, monkeypatch):
+    (tmp_path / "conftest.py").write_text((REPO / "tests" / "hidden" / "conftest.py").read_text())
+    (tmp_path / "test_demo.py").write_text(textwrap.dedent("""
+        import numpy as np
+        from mha_lab.grading import checks
+
+        def test_flip(student):
+            x = np.arange(6.0).reshape(2, 3)
+
+            out = checks.call(student, "flip", x)
+
+            checks.expect_close(out, x.T, what="flip(x)", hint="transpose, not reshape")
+
+        def test_flip__square(student):
+            x = np.arange(4.0).reshape(2, 2)
+
+            out = checks.call(student, "flip", x)
+
+            checks.expect_close(out, x.T, what="flip(square x)", hint="transpose")
+
+        def test_flipped(student):
+            raise AssertionError("test_flipped is another group")
+    """))
+    monkeypatch.setenv(HIDDEN_DIR_ENV, str(tmp_path))
+    return tmp_path
+
+
+def test_group_names_are_exact():
+    assert in_group("test_flip", "flip") and in_group("test_flip__square", "flip")
+    assert not in_group("test_flipped", "flip") and not in_group("test_flip_x", "flip")
+
+
+def test_run_hidden_checks_passes_quietly_and_fails_with_every_message(hidden_dir):
+    run_hidden_checks("demo", "flip", {"flip": lambda x: x.T.copy()})
+    with pytest.raises(AssertionError) as info:
+        run_hidden_checks("demo", "flip", {"flip": lambda x: x.reshape(x.shape[::-1])})
+    text = str(info.value)
+    assert "demo / flip: 2 hidden check(s) failed" in text
+    assert "test_flip: flip(x): values differ" in text and "transpose, not reshape" in text
+    assert "test_flip__square" in text and "test_flipped" not in text
+
+
+def test_run_hidden_checks_refuses_an_unknown_group(hidden_dir):
+    with pytest.raises(RuntimeError, match="no hidden checks named test_nothing"):
+        run_hidden_checks("demo", "nothing", {})
+
+
+def test_patched_helpers_do_not_survive_into_the_checks(hidden_dir):
+    import mha_lab.grading.checks as live
+
+    live.expect_close = lambda *args, **kwargs: None  # what a notebook could do
+    try:
+        with pytest.raises(AssertionError, match="values differ"):
+            run_hidden_checks("demo", "flip", {"flip": lambda x: x.reshape(x.shape[::-1])})
+    finally:
+        sys.modules.pop("mha_lab.grading.checks", None)
+
+
+# --- trusted mode helpers and mutants ------------------------------------------------------------
+
+
+def test_codec_round_trips_and_never_unpickles():
+    value = (np.arange(6.0).reshape(2, 3), [np.float32(1.5), 3, None, "s"], {"k": np.int64(7)})
+    back = decode(encode(value))
+    assert np.array_equal(back[0], value[0]) and back[1][0] == np.float32(1.5) and type(back[1][0]) is np.float32
+    assert back[1][1:] == [3, None, "s"] and back[2] == {"k": 7}
+    with pytest.raises(ValueError, match="pickle"):
+        encode(np.array([object()]))
+    assert decode(encode(object())).startswith("<unsupported")
+
+
+def test_static_reference_use_reads_source():
+    source = textwrap.dedent("""
+        from mha_lab.cpu import softmax, repeat_kv as rk
+        import mha_lab.cpu as cpu
+        def ok(x):
+            return softmax(x)
+        def helper(x):
+            return rk(x, 2)
+        def bad(x):
+            return helper(x)
+        def bad2(x):
+            return cpu.merge_heads(x)
+    """)
+    allowed = frozenset({"softmax"})
+    assert static_reference_use(source, "ok", allowed) == ""
+    assert static_reference_use(source, "bad", allowed) == "mha_lab.cpu.repeat_kv"
+    assert static_reference_use(source, "bad2", allowed) == "mha_lab.cpu.merge_heads"
+
+
+def test_mutant_applies_once_or_refuses():
+    m = Mutant("n", "cell", "a + b", "a - b", breaks={"t"}, feedback="f")
+    assert m.apply("y = a + b") == "y = a - b"
+    with pytest.raises(ValueError, match="occurs 2 times"):
+        m.apply("a + b; a + b")
+    with pytest.raises(ValueError, match="breaks must name"):
+        Mutant("n", "cell", "a", "b", breaks=set(), feedback="f")

@@ -1,0 +1,143 @@
+"""The grader graded: every assignment generated, submitted and autograded with the real nbgrader.
+
+For each assignment in ``solutions/``: the reference solution (two students) must get full
+marks, the untouched release 0, and each mutant in ``tests/mutants/<assignment>.py`` must lose
+exactly the points of the tests cells it breaks, keep the rest, and get feedback naming its bug.
+"""
+
+from __future__ import annotations
+
+import html
+import importlib
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from mha_lab.grading import batch
+
+REPO = Path(__file__).resolve().parents[1]
+ASSIGNMENTS = sorted(p.name for p in (REPO / "solutions").iterdir() if (p / f"{p.name}.ipynb").is_file())
+REFERENCE_STUDENTS = ("reference-1", "reference-2")
+RELEASE_STUDENT = "release"
+SOLUTION_LINE = re.compile(r"^\s*### (BEGIN|END) SOLUTION\s*$")
+
+if str(REPO) not in sys.path:  # tests/mutants is imported as the package ``tests.mutants``
+    sys.path.insert(0, str(REPO))
+
+
+def mutants(assignment: str) -> list:
+    if not (REPO / "tests" / "mutants" / f"{assignment}.py").is_file():
+        return []
+    return importlib.import_module(f"tests.mutants.{assignment}").MUTANTS
+
+
+def mutant_student(index: int) -> str:
+    return f"mutant-{index:02d}"
+
+
+CASES = [(a, i, m) for a in ASSIGNMENTS for i, m in enumerate(mutants(a))]
+
+
+def fill_release(release: nbformat.NotebookNode, solution: nbformat.NotebookNode,
+                 edits: dict[str, str] | None = None) -> nbformat.NotebookNode:
+    """A student's submission: the release with every answer cell written as in the solution."""
+    answers = {}
+    for cell in solution.cells:
+        meta = cell.metadata.get("nbgrader", {})
+        if meta.get("solution") and not meta.get("grade"):
+            source = (edits or {}).get(meta["grade_id"], cell.source)
+            answers[meta["grade_id"]] = "\n".join(ln for ln in source.split("\n") if not SOLUTION_LINE.match(ln))
+    filled = nbformat.from_dict(release)
+    for cell in filled.cells:
+        grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
+        if grade_id in answers:
+            cell.source = answers[grade_id]
+    return filled
+
+
+def answer_cell(solution: nbformat.NotebookNode, grade_id: str) -> str:
+    for cell in solution.cells:
+        if cell.metadata.get("nbgrader", {}).get("grade_id") == grade_id:
+            return cell.source
+    raise KeyError(f"no cell {grade_id!r} in the solution")
+
+
+def submit(course: Path, student: str, assignment: str, nb: nbformat.NotebookNode) -> None:
+    folder = course / "submitted" / student / assignment
+    folder.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, folder / f"{assignment}.ipynb")
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, batch.StudentResult]]:
+    """Generate every release in a temporary course, submit, autograde, give feedback, export."""
+    course = tmp_path_factory.mktemp("course")
+    shutil.copy(REPO / "nbgrader_config.py", course)
+    shutil.copytree(REPO / "solutions", course / "solutions")
+    results = {}
+    for a in ASSIGNMENTS:
+        proc = batch.nbgrader(course, "generate_assignment", a, "--force", timeout=300)
+        assert proc.returncode == 0, f"generate_assignment {a} failed:\n{proc.stdout}\n{proc.stderr}"
+        solution = nbformat.read(course / "solutions" / a / f"{a}.ipynb", as_version=4)
+        release = nbformat.read(course / "assignments" / a / f"{a}.ipynb", as_version=4)
+        for student in REFERENCE_STUDENTS:
+            submit(course, student, a, fill_release(release, solution))
+        submit(course, RELEASE_STUDENT, a, release)
+        for i, m in enumerate(mutants(a)):
+            edit = {m.grade_id: m.apply(answer_cell(solution, m.grade_id))}
+            submit(course, mutant_student(i), a, fill_release(release, solution, edit))
+        results[a] = {r.student: r for r in batch.grade_assignment(course, a, jobs=2, progress=False)}
+    results["_course"] = course
+    return results
+
+
+def feedback_text(course: Path, student: str, assignment: str) -> str:
+    pages = sorted((course / "feedback" / student / assignment).glob("*.html"))
+    assert pages, f"no feedback for {student}/{assignment}"
+    text = "".join(p.read_text() for p in pages)
+    return html.unescape(re.sub(r"<[^>]+>", "", text))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("assignment", ASSIGNMENTS)
+def test_reference_gets_full_marks(graded, assignment):
+    for student in REFERENCE_STUDENTS:
+        r = graded[assignment][student]
+        assert not r.error, f"{student}: {r.error}"
+        assert 10 <= r.max_score <= 25, f"{assignment} is worth {r.max_score} points; 10 to 25 expected"
+        assert r.score == r.max_score, f"{student} lost points: {batch.summary_table([r])}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("assignment", ASSIGNMENTS)
+def test_release_gets_zero(graded, assignment):
+    r = graded[assignment][RELEASE_STUDENT]
+    assert r.cells and r.max_score > 0, f"release was not graded: {r.error}"
+    assert r.score == 0, f"the untouched release scored: {batch.summary_table([r])}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("assignment", ASSIGNMENTS)
+def test_each_assignment_has_six_mutants(assignment):
+    found = mutants(assignment)
+    assert len(found) >= 6, f"{assignment} has {len(found)} mutants in tests/mutants/{assignment}.py; 6 needed"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("assignment", "index", "mutant"), CASES, ids=[f"{a}-{m.name}" for a, _, m in CASES])
+def test_mutant_loses_exactly_its_points(graded, assignment, index, mutant):
+    r = graded[assignment][mutant_student(index)]
+    assert r.cells, f"mutant {mutant.name!r} was not graded: {r.error}"
+    cells = {c.grade_id: c for c in r.cells}
+    unknown = mutant.breaks - cells.keys()
+    assert not unknown, f"mutant {mutant.name!r} names tests cells that do not exist: {sorted(unknown)}"
+    lost = {g for g, c in cells.items() if c.score < c.max_score}
+    assert lost == mutant.breaks, (f"mutant {mutant.name!r}: expected to lose {sorted(mutant.breaks)}, "
+                                   f"lost {sorted(lost)}\n{batch.summary_table([r])}")
+    assert all(cells[g].score == 0 for g in mutant.breaks), f"partial points for a broken property: {r.cells}"
+    text = feedback_text(graded["_course"], mutant_student(index), assignment)
+    assert mutant.feedback in text, f"mutant {mutant.name!r}: feedback does not say {mutant.feedback!r}"
