@@ -283,7 +283,7 @@ def _flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
 
 def _flash_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
                     grad_out: torch.Tensor, causal: bool, sm_scale: float,
-                    block_q: int = 128) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                    block_q: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     r"""Gradients of q, k, v by recomputing :math:`P = \exp(sQK^\top - \mathrm{lse})` per block of queries.
 
     .. math:: dV = P^\top dO, \quad dS = P \odot \big(dO\,V^\top - \mathrm{rowsum}(dO \odot O)\big), \quad
@@ -291,10 +291,14 @@ def _flash_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torc
 
     Query heads are grouped by the key/value head they share, so dK and dV add up the whole
     group without repeating K or V. Causal blocks read only the keys up to their last query.
-    Peak extra memory: a few (B, H, block_q, L) buffers.
+    Peak extra memory: a few (B, H, block_q, L) buffers. By default ``block_q`` keeps each
+    under 2**28 elements (1 GiB in float32), between 16 and 1024 rows; under the interpreter
+    it is 16, so that test-sized inputs cross several blocks.
     """
     B, H, L, D = q.shape
     H_kv = k.shape[1]
+    if block_q is None:
+        block_q = 16 if _INTERPRET else max(16, min(1024, 2**28 // (B * H * L)))
     ct = lse.dtype  # compute type: float32, or float64 for float64 inputs
     # (B, H, L, D) -> (B, H_kv, n_rep, L, D): query heads grouped under their shared K/V head
     q_g, do_g, o_g = (t.to(ct).reshape(B, H_kv, H // H_kv, L, D) for t in (q, grad_out, out))
