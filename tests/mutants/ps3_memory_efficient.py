@@ -42,7 +42,7 @@ MUTANTS = [
            {"chunked_attention_stability"}, "subtract the running maximum"),
     Mutant("last_partial_block_dropped", CHUNKED,
            "n_blocks = -(-L // block_size)", "n_blocks = L // block_size",
-           {"chunked_attention_values", "chunked_attention_causal"}, "partial query block is skipped"),
+           {"chunked_attention_values", "chunked_attention_causal"}, "partial block is skipped"),
     Mutant("answer_from_mha_lab", CHUNKED,
            "    B, h, L, d = Q.shape\n",
            "    from mha_lab.cpu import chunked_attention as fast\n"
