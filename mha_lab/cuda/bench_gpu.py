@@ -116,8 +116,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{device}, B={BATCH}, H={HEADS}, torch {torch.__version__}, triton {triton.__version__}")
     print(format_table(rows))
     judged = [r["ratio"] for r in rows if r["seq_len"] >= TARGET_FROM_L]
-    worst = min(judged, default=float("nan"))
-    print(f"worst ratio at L >= {TARGET_FROM_L}: {worst:.2f} (target {TARGET_RATIO})")
+    worst = min(judged, default=None)
+    if worst is not None:
+        verdict = "meets" if worst >= TARGET_RATIO else "misses"
+        print(f"worst ratio at L >= {TARGET_FROM_L}: {worst:.2f}, {verdict} the target of {TARGET_RATIO}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     report = {"device": device, "torch": torch.__version__, "triton": triton.__version__,
