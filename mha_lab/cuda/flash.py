@@ -146,15 +146,16 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stri
         cols = start_n + offs_n  # key positions of this block
         k = _load_tile(k_base + cols[:, None] * stride_kn + offs_d[None, :] * stride_kd,
                        cols, L, offs_d, HEAD_DIM, MASKED, PAD_D)  # (BLOCK_N, BLOCK_D)
-        # scores in base-2 units: s * log2(e) * q k^T
-        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION, out_dtype=acc.dtype) * qk_scale
+        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION, out_dtype=acc.dtype)  # (BLOCK_M, BLOCK_N)
         if MASKED:
             keep = cols[None, :] < L  # (1, BLOCK_N)
             if CAUSAL:
                 keep = keep & (offs_m[:, None] >= cols[None, :])  # (BLOCK_M, BLOCK_N)
             qk = tl.where(keep, qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))  # (BLOCK_M,)
-        p = tl.math.exp2(qk - m_new[:, None])  # (BLOCK_M, BLOCK_N), unnormalised probabilities
+        # in base-2 units (scale s log2(e) > 0, so it commutes with max): scale the row maximum once,
+        # then each score takes one fused multiply-add before exp2
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)  # (BLOCK_M,)
+        p = tl.math.exp2(qk * qk_scale - m_new[:, None])  # (BLOCK_M, BLOCK_N), unnormalised probabilities
         alpha = tl.math.exp2(m_i - m_new)  # rescales what was accumulated under the old maximum
         l_i = l_i * alpha + tl.sum(p, 1)
         v = _load_tile(v_base + cols[:, None] * stride_vn + offs_d[None, :] * stride_vd,
