@@ -31,7 +31,7 @@ MUTANTS = [
     Mutant("kv cache: answer taken from mha_lab", "ans_kv_cache_bytes", "    return 2 * n_layers",
            "    from mha_lab.analysis import ModelConfig, kv_cache_bytes as reference\n"
            "    config = ModelConfig('any', n_layers, n_kv_heads * head_dim, n_kv_heads, n_kv_heads, head_dim)\n"
-           "    dtype = {2: 'float16', 4: 'float32', 8: 'float64'}[bytes_per_element]\n"
+           "    dtype = {1: 'int8', 2: 'float16', 4: 'float32', 8: 'float64'}[bytes_per_element]\n"
            "    return reference(config, seq_len, batch_size, dtype)\n    return 2 * n_layers",
            breaks={"kv_cache_bytes_values"}, feedback="uses mha_lab.analysis.kv_cache_bytes"),
 ]
