@@ -268,6 +268,20 @@ class _Smooth:
         return np.cos(self.x) * self.x**2 + 2 * self.x * np.sin(self.x)
 
 
+def _judge_numerical(grad, exact: np.ndarray, what: str) -> None:
+    """Central differences with eps = 1e-5 are within ~1e-10 of the exact gradient; one-sided ones ~1e-5."""
+    checks.expect_array(grad, what=what, shape=exact.shape)
+    err = float(np.max(np.abs(grad - exact)))
+    if err > 1e-7:
+        one_sided = 1e-6 < err < 1e-3
+        raise AssertionError(
+            f"{what}: max abs error {err:.2g} against the exact gradient; central differences give about 1e-10. "
+            + ("Likely bug: a one-sided (forward) difference (f(x + eps) - f(x)) / eps, whose error is O(eps); use "
+               "the central difference (f(x + eps) - f(x - eps)) / (2 eps)" if one_sided else
+               "Likely bug: perturb every entry x[idx] (np.ndindex(x.shape)) by +eps and -eps in place, divide by "
+               "2 eps, and restore x[idx] before the next entry"))
+
+
 def test_numerical_gradient_values__central(student):
     # 1. inputs
     x = np.random.default_rng(40).uniform(-2, 2, size=(3, 4))
@@ -276,17 +290,7 @@ def test_numerical_gradient_values__central(student):
     # 2. call
     grad = checks.call(student, "numerical_gradient", f, x, 1e-5)
     # 3. judge
-    what = "numerical_gradient of sum(sin(x) x^2), x of shape (3, 4), eps=1e-5"
-    checks.expect_array(grad, what=what, shape=x.shape)
-    err = float(np.max(np.abs(grad - exact)))
-    if err > 1e-7:
-        forward = err > 1e-6 and err < 1e-3
-        raise AssertionError(
-            f"{what}: max abs error {err:.2g} against the exact gradient; central differences give about 1e-10. "
-            + ("Likely bug: a one-sided (forward) difference (f(x + eps) - f(x)) / eps, whose error is O(eps); use "
-               "the central difference (f(x + eps) - f(x - eps)) / (2 eps)" if forward else
-               "Likely bug: perturb x[i] by +eps and -eps in place, divide by 2 eps, and restore x[i] "
-               "before the next entry"))
+    _judge_numerical(grad, exact, "numerical_gradient of sum(sin(x) x^2), x of shape (3, 4), eps=1e-5")
 
 
 def test_numerical_gradient_values__3d(student):
@@ -297,10 +301,7 @@ def test_numerical_gradient_values__3d(student):
     # 2. call
     grad = checks.call(student, "numerical_gradient", f, x, 1e-5)
     # 3. judge
-    what = "numerical_gradient for x of shape (2, 3, 2)"
-    checks.expect_array(grad, what=what, shape=x.shape)
-    checks.expect_true(float(np.max(np.abs(grad - exact))) < 1e-7, what=f"{what}: values are wrong",
-                       hint="loop over every index of x (np.ndindex(x.shape)), not only over the first axis")
+    _judge_numerical(grad, exact, "numerical_gradient of sum(sin(x) x^2), x of shape (2, 3, 2), eps=1e-5")
 
 
 # --- gradient_check ------------------------------------------------------------------------------
