@@ -40,9 +40,10 @@ test: $(STAMP)
 assignments: $(STAMP)
 	for a in $(if $(A),$(A),$$(ls solutions)); do PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/nbgrader generate_assignment "$$a" --force; done
 
+# Autograde, feedback and export for everything in submitted/; e.g. GRADE_ARGS=--trusted
 grade: $(STAMP)
 	@test -n "$(A)" || { echo "usage: make grade A=<assignment>, e.g. A=ps1_per_head_loop" >&2; exit 2; }
-	$(BIN)/python -m mha_lab.grading.batch $(A)
+	$(BIN)/python -m mha_lab.grading.batch $(A) --jobs 2 $(GRADE_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python -m mha_lab bench $(BENCH_ARGS)

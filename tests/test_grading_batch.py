@@ -78,7 +78,7 @@ SUBMISSIONS = {
         mha_lab.grading.run_hidden_checks = lambda *args, **kwargs: None  # no hidden checks, please
 
         def double(x):
-            return 2 * x if x in (0, 1) else x
+            return 2 * x if np.ndim(x) == 0 and x in (0, 1) else x  # right on the visible asserts only
     """).strip(),
 }
 

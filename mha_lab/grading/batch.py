@@ -259,8 +259,15 @@ def grade_assignment(course: Path, assignment: str, *, jobs: int = 1, only: Iter
         from mha_lab.grading.remote import rejudge
 
         for name in tqdm(gradable, desc="trusted re-judging", unit="student", disable=not progress):
-            if results[name].cells:
-                rejudge(course, assignment, results[name])
+            r = results[name]
+            if r.cells:
+                try:
+                    rejudge(course, assignment, r)
+                except Exception as exc:  # noqa: BLE001 - unverified points are not given
+                    r.error = f"trusted re-judging failed: {type(exc).__name__}: {exc}"
+                    for cell in r.cells:
+                        cell.score = 0.0
+                    r.score = 0.0
     if any(results[s].cells for s in names):
         nbgrader(course, "generate_feedback", assignment, "--force", timeout=timeout * max(1, len(names)))
         nbgrader(course, "export", timeout=timeout)
