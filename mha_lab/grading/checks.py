@@ -140,11 +140,10 @@ def _reference_names(allowed: frozenset[str]) -> dict[str, str]:
     names: dict[str, str] = {}
     for mod_name in REFERENCE_MODULES:
         mod = sys.modules.get(mod_name)
+        if mod is None and mod_name != "mha_lab.cuda":  # importing mha_lab.cuda costs seconds (torch)
+            mod = importlib.import_module(mod_name)
         if mod is None:
-            try:
-                mod = importlib.import_module(mod_name)
-            except ImportError:  # mha_lab.cuda needs torch
-                continue
+            continue
         for attr in getattr(mod, "__all__", ()):
             if attr not in allowed:
                 names.setdefault(attr, mod_name)
@@ -192,6 +191,8 @@ def _static_uses(fn: Callable, forbidden: dict[str, str], allowed: frozenset[str
         names = {n for c in _code_objects(code) for n in c.co_names}
         values = [scope[n] for n in names if n in scope]
         values += [c.cell_contents for c in (f.__closure__ or ()) if _cell_filled(c)]
+        if any(n.startswith("mha_lab.cuda") for n in names):  # the whole GPU package is a reference
+            return "mha_lab.cuda"
         # modules reachable from the body: globals, closures, and imports inside the body
         modules = [v for v in values if _is_reference_module(v)]
         modules += [sys.modules[n] for n in names if n.startswith(("mha_lab", "torch")) and n in sys.modules]
