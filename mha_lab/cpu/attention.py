@@ -166,9 +166,9 @@ class GroupedQueryAttention(_Linear):
         V = split_heads(self._project(X, "V"), self.num_kv_heads)  # (B, L, h_kv*d_k) -> (B, h_kv, L, d_k)
         # 2. share each K/V head with its group of query heads (a no-op for MHA)
         K_rep, V_rep = repeat_kv(K, self.n_rep), repeat_kv(V, self.n_rep)  # -> (B, h, L, d_k)
-        # 3. scores, batched over B and h
-        S = Q @ K_rep.transpose(0, 1, 3, 2)  # (B, h, L, d_k) @ (B, h, d_k, L) -> (B, h, L, L)
-        S *= 1.0 / np.sqrt(self.d_k)
+        # 3. scores, batched over B and h; scaling Q (L x d_k) is cheaper than scaling S (L x L)
+        Q_scaled = Q * float(1.0 / np.sqrt(self.d_k))  # (B, h, L, d_k); a Python float keeps float32 float32
+        S = Q_scaled @ K_rep.transpose(0, 1, 3, 2)  # (B, h, L, d_k) @ (B, h, d_k, L) -> (B, h, L, L)
         # 4. mask and softmax, in place
         if mask is not None:
             check_mask(mask, S.shape)
