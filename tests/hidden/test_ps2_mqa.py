@@ -10,7 +10,8 @@ from mha_lab.analysis import MODEL_CONFIGS, kv_cache_bytes
 from mha_lab.cpu import GroupedQueryAttention, MultiHeadAttention, create_causal_mask
 from mha_lab.grading import checks
 
-ALLOWED_HELPERS = {"create_causal_mask", "softmax"}
+# mha_lab names a student function may use: helpers and model data, not answers
+ALLOWED_HELPERS = {"create_causal_mask", "softmax", "ModelConfig", "MODEL_CONFIGS", "gib", "gb"}
 LAYOUT_HINT = ("(B, L, h*d_k) -> (B, L, h, d_k) -> (B, h, L, d_k) and back: reshape and transpose in that "
                "order. Did you reshape without transposing?")
 SCALE_HINT = "scale the scores by 1/sqrt(d_k), the head size, not by 1/sqrt(d_model)"
