@@ -42,8 +42,8 @@ from mha_lab.cpu import (
 )
 from mha_lab.testing import tolerances
 
-__all__ = ["median_time", "peak_memory", "torch_peak_memory", "fit_exponent", "chunked_forward", "run_suite",
-           "BenchResults", "main"]
+__all__ = ["median_time", "interleaved_times", "peak_memory", "torch_peak_memory", "fit_exponent", "chunked_forward",
+           "blas_threads", "machine_info", "run_suite", "BenchResults", "main"]
 
 SECTIONS = ("forward", "backward", "memory", "gemm")
 MAX_SCORE_BYTES = 2 * 2**30  # skip implementations that would hold a (B, h, L, L) tensor larger than this

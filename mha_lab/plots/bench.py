@@ -9,6 +9,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import NullFormatter
 
 from mha_lab.bench import TARGET_H, BenchResults
 
@@ -30,8 +31,10 @@ def _lines(results, section: str, key: str, scale: float, h: int, ylabel: str, t
         Ls, ys = zip(*pts, strict=True)
         ax.loglog(Ls, ys, "o-", label=f"{impl} ({dtype})")
     B, d = rows[0]["B"], rows[0]["d_model"]
-    ax.set(xlabel="sequence length L (tokens)", ylabel=ylabel, title=f"{title}: B = {B}, d_model = {d}, h = {h}")
-    ax.set_xticks(sorted({r["L"] for r in rows}), [str(L) for L in sorted({r["L"] for r in rows})])
+    ax.set(xlabel="sequence length L (tokens)", ylabel=ylabel, title=f"{title}\nB = {B}, d_model = {d}, h = {h}")
+    Ls = sorted({r["L"] for r in rows})
+    ax.set_xticks(Ls, [str(L) for L in Ls])
+    ax.xaxis.set_minor_formatter(NullFormatter())  # label only the measured lengths
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(fontsize=8)
     plt.close(fig)
@@ -46,7 +49,7 @@ def time_vs_length(results: BenchResults | dict, h: int = TARGET_H) -> Figure:
 def memory_vs_length(results: BenchResults | dict, h: int = TARGET_H) -> Figure:
     """Peak memory of the forward (MiB) of every implementation against L, log-log."""
     return _lines(results, "memory", "peak_bytes", 1 / 2**20, h, "peak memory of the forward (MiB)",
-                  "Peak memory (tracemalloc; torch: torch.profiler)")
+                  "Peak memory (NumPy: tracemalloc; torch: torch.profiler)")
 
 
 def implementations_bar(results: BenchResults | dict, L: int | None = None, h: int = TARGET_H) -> Figure:
