@@ -239,7 +239,7 @@ def rejudge(course: Path, assignment: str, result: Any) -> None:
     from nbgrader.api import Gradebook
 
     from mha_lab.grading.batch import COURSE_ID
-    from mha_lab.grading.runner import failure_message, run_group
+    from mha_lab.grading.runner import NoHiddenChecksError, failure_message, run_group
 
     folder = Path(course) / "submitted" / result.student / assignment
     overrides = []
@@ -260,8 +260,10 @@ def rejudge(course: Path, assignment: str, result: Any) -> None:
                 try:
                     failures = run_group(assignment, cell.grade_id,
                                          lambda allowed, p=process, c=cells: RemoteSubmission(p, allowed, "\n".join(c)))
-                except RuntimeError:  # no hidden checks for this cell: its in-kernel verdict stands
+                except NoHiddenChecksError:  # this cell is graded by its visible asserts alone: that verdict stands
                     continue
+                except RuntimeError as exc:  # the checks did not run: unverified points are not given
+                    failures = [("hidden checks", str(exc).splitlines()[0])]
                 if failures:
                     cell.message = "trusted re-judging: " + failure_message(assignment, cell.grade_id, failures)
                     cell.score = 0.0

@@ -21,8 +21,8 @@ import mha_lab
 from mha_lab.grading.checks import Submission
 
 __all__ = [
-    "HIDDEN_DIR_ENV", "PLUGIN_NAME", "hidden_dir", "hidden_module", "in_group", "run_group", "run_in_kernel",
-    "failure_message",
+    "HIDDEN_DIR_ENV", "PLUGIN_NAME", "NoHiddenChecksError", "hidden_dir", "hidden_module", "in_group", "run_group",
+    "run_in_kernel", "failure_message",
 ]
 
 HIDDEN_DIR_ENV = "MHA_LAB_HIDDEN_DIR"
@@ -41,6 +41,10 @@ def hidden_module(assignment: str) -> Path:
     if not path.is_file():
         raise FileNotFoundError(f"no hidden checks for assignment {assignment!r}: {path} does not exist")
     return path
+
+
+class NoHiddenChecksError(RuntimeError):
+    """The hidden module has no test function for this group (a tests cell graded in the notebook only)."""
 
 
 def in_group(function_name: str, group: str) -> bool:
@@ -87,9 +91,6 @@ def run_group(assignment: str, group: str,
     """
     path = hidden_module(assignment)
     root = path.parent
-    for name, mod in list(sys.modules.items()):  # import the hidden modules afresh every time
-        if str(getattr(mod, "__file__", None) or "").startswith(str(root)):
-            del sys.modules[name]
     plugin = StudentPlugin(group, make_submission)
     args = [str(path), "-c", os.devnull, "--rootdir", str(root), "--confcutdir", str(root),
             "--import-mode=importlib", "--assert=plain", "-p", "no:cacheprovider", "--capture=no",
@@ -98,21 +99,40 @@ def run_group(assignment: str, group: str,
     log = io.StringIO()
     autoload = os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD")
     os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"  # only pytest itself: no third-party plugins
+    saved = _forget_hidden_modules(root, path)  # import the hidden modules afresh every time
     try:
         with redirect_stdout(log), redirect_stderr(log):
             code = pytest.main(args, plugins=[plugin])
     finally:
+        _forget_hidden_modules(root, path)
+        sys.modules.update(saved)
         if autoload is None:
             del os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"]
         else:
             os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = autoload
     if not plugin.selected:
-        raise RuntimeError(f"no hidden checks named test_{group} or test_{group}__* in {path} "
+        raise NoHiddenChecksError(f"no hidden checks named test_{group} or test_{group}__* in {path} "
                            f"(pytest exit code {int(code)}):\n{log.getvalue()[-2000:]}")
     if code not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
         raise RuntimeError(f"hidden checks of {assignment}/{group} did not run (exit code {int(code)}):\n"
                            f"{log.getvalue()[-2000:]}")
     return plugin.failures
+
+
+def _forget_hidden_modules(root: Path, path: Path) -> dict[str, Any]:
+    """Drop the hidden modules from sys.modules, and whatever holds their names (``conftest``...).
+
+    pytest names them by their path under ``root``; a module of that name from elsewhere (another
+    hidden folder, the test suite's own conftest) would be reused instead. Returns those others.
+    """
+    others = {}
+    for name, mod in list(sys.modules.items()):
+        inside = str(getattr(mod, "__file__", None) or "").startswith(str(root))
+        if inside or name in ("conftest", path.stem):
+            del sys.modules[name]
+            if not inside:
+                others[name] = mod
+    return others
 
 
 def failure_message(assignment: str, group: str, failures: list[tuple[str, str]]) -> str:
