@@ -13,7 +13,6 @@ Every failure is an ``AssertionError`` whose message names the property and the 
 
 from __future__ import annotations
 
-import builtins
 import copy
 import importlib
 import sys
@@ -173,7 +172,7 @@ def _code_objects(code: types.CodeType) -> Iterable[types.CodeType]:
             yield from _code_objects(const)
 
 
-def _static_uses(fn: Callable, forbidden: dict[str, str], allowed: frozenset[str]) -> str | None:
+def _static_uses(fn: Callable, forbidden: dict[str, str]) -> str | None:
     """Walk ``fn``'s code recursively (nested functions, closures, the student's helpers it calls).
 
     Returns ``"mha_lab.cpu.<x>"`` for the first reference implementation it reaches, else None.
@@ -233,7 +232,7 @@ def forbid_reference(student: Mapping[str, Any], name: str, allowed: Iterable[st
     """
     allowed = frozenset(allowed) | getattr(student, "allowed", frozenset())
     fn = _lookup(student, name)
-    used = _static_uses(fn, _reference_names(allowed), allowed)
+    used = _static_uses(fn, _reference_names(allowed))
     if used:
         raise AssertionError(f"`{name}` uses {used} instead of implementing it: no points for `{name}`")
 
@@ -373,7 +372,7 @@ def expect_close(actual: np.ndarray, expected: np.ndarray, *, what: str, hint: s
     err = np.abs(actual - expected)
     if not (err <= tol["atol"] + tol["rtol"] * np.abs(expected)).all():
         raise AssertionError(
-            f"{what}: values differ from the reference (max abs error {builtins.float(err.max()):.3g}). "
+            f"{what}: values differ from the reference (max abs error {float(err.max()):.3g}). "
             f"Likely bug: {hint}"
         )
 
@@ -399,7 +398,7 @@ def _measure(thunk: Callable[[], Any]) -> tuple[Any, int]:
     finally:
         if not was_tracing:
             tracemalloc.stop()
-    return result, builtins.max(int(peak), 0)
+    return result, max(int(peak), 0)
 
 
 def peak_bytes(fn: Callable, *args: Any, **kwargs: Any) -> int:
