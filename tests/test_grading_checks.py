@@ -255,6 +255,18 @@ def test_codec_round_trips_and_never_unpickles():
     assert decode(encode(object())).startswith("<unsupported")
 
 
+def test_codec_keeps_shared_arrays_shared_and_sends_numpy_functions_by_name():
+    from mha_lab.grading.checks import SmoothLoss
+
+    x = np.arange(4.0)
+    f, x_back, std = decode(encode(((SmoothLoss(x), x, np.std), {})))[0]
+    assert x_back is f.x, "the loss must read the very array the student perturbs"
+    x_back[0] = 10.0
+    assert f() == SmoothLoss(x_back)() and std is np.std
+    assert decode({"__numpy__": "not_a_numpy_function"}).startswith("<unsupported")
+    assert decode({"__numpy__": "save"}).startswith("<unsupported"), "only pure reductions and ufuncs cross"
+
+
 def test_static_reference_use_reads_source():
     source = textwrap.dedent("""
         from mha_lab.cpu import softmax, repeat_kv as rk

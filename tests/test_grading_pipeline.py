@@ -7,6 +7,7 @@ exactly the points of the tests cells it breaks, keep the rest, and get feedback
 
 from __future__ import annotations
 
+import copy
 import html
 import importlib
 import re
@@ -17,7 +18,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from mha_lab.grading import batch
+from mha_lab.grading import batch, remote
 
 REPO = Path(__file__).resolve().parents[1]
 ASSIGNMENTS = sorted(p.name for p in (REPO / "solutions").iterdir() if (p / f"{p.name}.ipynb").is_file())
@@ -110,6 +111,15 @@ def test_reference_gets_full_marks(graded, assignment):
         assert not r.error, f"{student}: {r.error}"
         assert 10 <= r.max_score <= 25, f"{assignment} is worth {r.max_score} points; 10 to 25 expected"
         assert r.score == r.max_score, f"{student} lost points: {batch.summary_table([r])}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("assignment", ASSIGNMENTS)
+def test_trusted_rejudging_keeps_the_reference_at_full_marks(graded, assignment):
+    """Every hidden check must also run with the student's code in a worker process (values cross as JSON)."""
+    r = copy.deepcopy(graded[assignment][REFERENCE_STUDENTS[0]])
+    remote.rejudge(graded["_course"], assignment, r)
+    assert r.score == r.max_score, f"trusted re-judging took points from the reference: {batch.summary_table([r])}"
 
 
 @pytest.mark.slow

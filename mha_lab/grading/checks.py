@@ -37,6 +37,7 @@ __all__ = [
     "expect_true",
     "peak_bytes",
     "expect_within_budget",
+    "SmoothLoss",
 ]
 
 # The public names of mha_lab (and of torch) that compute attention or its pieces for you.
@@ -413,3 +414,20 @@ def expect_within_budget(peak: int, budget: int, *, what: str, hint: str) -> Non
             f"{what}: peak memory {peak / 2**20:.2f} MiB is over the budget of {budget / 2**20:.2f} MiB. "
             f"Likely bug: {hint}"
         )
+
+
+class SmoothLoss:
+    """A scalar test function of the array it holds: f() = sum(sin(x) x^2), exact gradient cos(x) x^2 + 2 x sin(x).
+
+    An object, not a closure, so that it can cross to a trusted-mode worker together with the very
+    ``x`` a student's finite-difference code perturbs (the value codec keeps the two the same array).
+    """
+
+    def __init__(self, x: np.ndarray) -> None:
+        self.x = x
+
+    def __call__(self) -> float:
+        return float(np.sum(np.sin(self.x) * self.x**2))
+
+    def exact(self) -> np.ndarray:
+        return np.cos(self.x) * self.x**2 + 2 * self.x * np.sin(self.x)

@@ -26,6 +26,8 @@ import numpy as np
 
 __all__ = ["encode", "decode", "RemoteSubmission", "StudentProcess", "rejudge", "static_reference_use"]
 
+# NumPy functions that may cross by name: pure reductions and ufuncs, nothing that touches files.
+NUMPY_FUNCTIONS = frozenset({"sum", "mean", "std", "var", "max", "min", "prod", "median"})
 CALL_TIMEOUT = 120.0  # seconds for one call of a student's function
 START_TIMEOUT = 300.0  # seconds to run the notebook's cells
 
@@ -43,37 +45,68 @@ def _from_npy(text: str) -> np.ndarray:
     return np.load(io.BytesIO(base64.b64decode(text)), allow_pickle=False)
 
 
-def encode(value: Any) -> Any:
-    """A JSON-ready form of arrays, NumPy scalars, numbers, strings, None, lists, tuples and dicts."""
+def _numpy_function(name: str) -> Any:
+    """``np.<name>`` when it is a ufunc or one of ``NUMPY_FUNCTIONS``, else None."""
+    fn = getattr(np, name, None) if isinstance(name, str) else None
+    return fn if isinstance(fn, np.ufunc) or name in NUMPY_FUNCTIONS else None
+
+
+def encode(value: Any, _arrays: dict[int, int] | None = None) -> Any:
+    """A JSON-ready form of arrays, NumPy scalars and functions, numbers, strings, None, lists, tuples,
+    dicts and ``checks.SmoothLoss``.
+
+    An array met twice in one value (``(f, x)`` where f holds x) is sent once and referenced after,
+    so the receiver sees one array, as the sender did.
+    """
+    from mha_lab.grading.checks import SmoothLoss
+
+    arrays = {} if _arrays is None else _arrays
     if isinstance(value, np.ndarray):
+        if id(value) in arrays:
+            return {"__ref__": arrays[id(value)]}
+        arrays[id(value)] = len(arrays)
         return {"__ndarray__": _npy(value)}
     if isinstance(value, np.generic):
         return {"__npscalar__": _npy(np.asarray(value))}
     if value is None or isinstance(value, bool | int | float | str):
         return value
     if isinstance(value, tuple):
-        return {"__tuple__": [encode(v) for v in value]}
+        return {"__tuple__": [encode(v, arrays) for v in value]}
     if isinstance(value, list):
-        return [encode(v) for v in value]
+        return [encode(v, arrays) for v in value]
     if isinstance(value, dict):
-        return {"__dict__": [[encode(k), encode(v)] for k, v in value.items()]}
+        return {"__dict__": [[encode(k, arrays), encode(v, arrays)] for k, v in value.items()]}
+    if isinstance(value, SmoothLoss):
+        return {"__smooth_loss__": encode(value.x, arrays)}
+    if _numpy_function(getattr(value, "__name__", "")) is value:
+        return {"__numpy__": value.__name__}  # by name: the receiver looks it up in its own NumPy
     return {"__unsupported__": type(value).__name__}
 
 
-def decode(value: Any) -> Any:
+def decode(value: Any, _arrays: list[np.ndarray] | None = None) -> Any:
     """The inverse of ``encode``; an unsupported type comes back as a placeholder string."""
+    from mha_lab.grading.checks import SmoothLoss
+
+    arrays = [] if _arrays is None else _arrays
     if isinstance(value, list):
-        return [decode(v) for v in value]
+        return [decode(v, arrays) for v in value]
     if not isinstance(value, dict):
         return value
     if "__ndarray__" in value:
-        return _from_npy(value["__ndarray__"])
+        arrays.append(_from_npy(value["__ndarray__"]))
+        return arrays[-1]
+    if "__ref__" in value:
+        return arrays[value["__ref__"]]
     if "__npscalar__" in value:
         return _from_npy(value["__npscalar__"])[()]
     if "__tuple__" in value:
-        return tuple(decode(v) for v in value["__tuple__"])
+        return tuple(decode(v, arrays) for v in value["__tuple__"])
     if "__dict__" in value:
-        return {decode(k): decode(v) for k, v in value["__dict__"]}
+        return {decode(k, arrays): decode(v, arrays) for k, v in value["__dict__"]}
+    if "__smooth_loss__" in value:
+        return SmoothLoss(decode(value["__smooth_loss__"], arrays))
+    if "__numpy__" in value and _numpy_function(value["__numpy__"]) is not None:
+        return _numpy_function(value["__numpy__"])
     return f"<unsupported value of type {value.get('__unsupported__', '?')}>"
 
 
@@ -101,8 +134,8 @@ def _worker() -> None:
         else:
             student = checks.Submission(namespace, request["allowed"])
             try:
-                result, peak = checks.invoke(student, request["name"], decode(request["args"]),
-                                             decode(request["kwargs"]), measure=request["measure"],
+                args, kwargs = decode(request["arguments"])
+                result, peak = checks.invoke(student, request["name"], args, kwargs, measure=request["measure"],
                                              replace=request["replace"])
                 reply = {"ok": True, "result": encode(result), "peak": peak}
             except AssertionError as exc:
@@ -154,7 +187,7 @@ class RemoteSubmission(Mapping):
         used = static_reference_use(self.source, name, self.allowed)
         if used:
             raise AssertionError(f"`{name}` uses {used} instead of implementing it: no points for `{name}`")
-        reply = self.process.request({"op": "call", "name": name, "args": encode(args), "kwargs": encode(kwargs),
+        reply = self.process.request({"op": "call", "name": name, "arguments": encode((args, kwargs)),
                                       "measure": measure, "replace": replace, "allowed": sorted(self.allowed)},
                                      CALL_TIMEOUT)
         if not reply["ok"]:

@@ -251,23 +251,6 @@ def test_mha_backward_grad_b(student):
 # --- numerical_gradient --------------------------------------------------------------------------
 
 
-class _Smooth:
-    """f() = sum(sin(x) x^2) for the array it holds; its exact gradient is cos(x) x^2 + 2 x sin(x).
-
-    An object rather than a closure: ``checks.call`` deep-copies the arguments, and the copy of
-    ``(f, x)`` keeps f reading the very x the student perturbs.
-    """
-
-    def __init__(self, x: np.ndarray) -> None:
-        self.x = x
-
-    def __call__(self) -> float:
-        return float(np.sum(np.sin(self.x) * self.x**2))
-
-    def exact(self) -> np.ndarray:
-        return np.cos(self.x) * self.x**2 + 2 * self.x * np.sin(self.x)
-
-
 def _judge_numerical(grad, exact: np.ndarray, what: str) -> None:
     """Central differences with eps = 1e-5 are within ~1e-10 of the exact gradient; one-sided ones ~1e-5."""
     checks.expect_array(grad, what=what, shape=exact.shape)
@@ -285,7 +268,7 @@ def _judge_numerical(grad, exact: np.ndarray, what: str) -> None:
 def test_numerical_gradient_values__central(student):
     # 1. inputs
     x = np.random.default_rng(40).uniform(-2, 2, size=(3, 4))
-    f = _Smooth(x)
+    f = checks.SmoothLoss(x)
     exact = f.exact()
     # 2. call
     grad = checks.call(student, "numerical_gradient", f, x, 1e-5)
@@ -296,7 +279,7 @@ def test_numerical_gradient_values__central(student):
 def test_numerical_gradient_values__3d(student):
     # 1. inputs
     x = np.random.default_rng(42).uniform(-1, 1, size=(2, 3, 2))
-    f = _Smooth(x)
+    f = checks.SmoothLoss(x)
     exact = f.exact()
     # 2. call
     grad = checks.call(student, "numerical_gradient", f, x, 1e-5)
