@@ -22,7 +22,8 @@ def test_contract_names_are_public():
     for module, names in CONTRACT.items():
         mod = importlib.import_module(module)
         for name in names:
-            assert name in mod.__all__ and callable(getattr(mod, name)) or name == "MODEL_CONFIGS", f"{module}.{name}"
+            assert name in mod.__all__, f"{module}.{name} is not in __all__"
+            assert callable(getattr(mod, name)) or name == "MODEL_CONFIGS", f"{module}.{name} is not callable"
 
 
 def test_numpy_half_imports_without_torch_or_triton():
