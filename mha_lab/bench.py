@@ -40,6 +40,7 @@ from mha_lab.cpu import (
     per_head_attention,
     split_heads,
 )
+from mha_lab.tables import markdown_table
 from mha_lab.testing import tolerances
 
 __all__ = ["median_time", "interleaved_times", "peak_memory", "torch_peak_memory", "fit_exponent", "chunked_forward",
@@ -345,10 +346,6 @@ class BenchResults:
     def to_markdown(self) -> str:
         """The measurements, the targets and the fitted exponents as Markdown tables."""
 
-        def table(header: list[str], lines: list[list[str]]) -> str:
-            rows = [header, ["---"] * len(header), *lines]
-            return "\n".join("| " + " | ".join(cells) + " |" for cells in rows)
-
         def fmt(x, spec: str) -> str:
             return "" if x is None else format(x, spec)
 
@@ -356,20 +353,21 @@ class BenchResults:
         parts = [f"Machine: {m.get('cpu')}, {m.get('nproc')} cores; numpy {m.get('numpy')} ({m.get('blas')}, "
                  f"{m.get('blas_threads')} threads); torch {m.get('torch')} ({m.get('torch_threads')} threads).",
                  "", "### Targets", "",
-                 table(["target", "measured", "rule", "at", "pass"],
-                       [[r["target"], fmt(r["measured"], ".2f"), f"{r['rule']} {r['limit']}", r["at"],
-                         {True: "yes", False: "NO", None: "n/a"}[r["passed"]]] for r in self.ratios()]),
+                 markdown_table(["target", "measured", "rule", "at", "pass"],
+                                [[r["target"], fmt(r["measured"], ".2f"), f"{r['rule']} {r['limit']}", r["at"],
+                                  {True: "yes", False: "NO", None: "n/a"}[r["passed"]]] for r in self.ratios()]),
                  "", "### Measurements", "",
-                 table(["section", "implementation", "dtype", "B", "L", "d_model", "h", "time (ms)", "peak (MiB)",
-                        "GFLOP/s", "of GEMM"],
-                       [[r["section"], r["impl"], r["dtype"], fmt(r["B"], ""), str(r["L"]), str(r["d_model"]),
-                         fmt(r["h"], ""), fmt(r["seconds"] and r["seconds"] * 1e3, ".1f"),
-                         fmt(r["peak_bytes"] and r["peak_bytes"] / 2**20, ".1f"), fmt(r["gflops"], ".1f"),
-                         fmt(r["gemm_fraction"], ".0%")] for r in self.rows]),
+                 markdown_table(["section", "implementation", "dtype", "B", "L", "d_model", "h", "time (ms)",
+                                 "peak (MiB)", "GFLOP/s", "of GEMM"],
+                                [[r["section"], r["impl"], r["dtype"], fmt(r["B"], ""), str(r["L"]), str(r["d_model"]),
+                                  fmt(r["h"], ""), fmt(r["seconds"] and r["seconds"] * 1e3, ".1f"),
+                                  fmt(r["peak_bytes"] and r["peak_bytes"] / 2**20, ".1f"), fmt(r["gflops"], ".1f"),
+                                  fmt(r["gemm_fraction"], ".0%")] for r in self.rows]),
                  "", "### Growth with L (log-log fit)", "",
-                 table(["quantity", "section", "implementation", "dtype", "h", "L range", "exponent"],
-                       [[f["quantity"], f["section"], f["impl"], f["dtype"], str(f["h"]),
-                         f"{f['L_range'][0]}-{f['L_range'][1]}", f"{f['exponent']:.2f}"] for f in self.exponents()])]
+                 markdown_table(["quantity", "section", "implementation", "dtype", "h", "L range", "exponent"],
+                                [[f["quantity"], f["section"], f["impl"], f["dtype"], str(f["h"]),
+                                  f"{f['L_range'][0]}-{f['L_range'][1]}", f"{f['exponent']:.2f}"]
+                                 for f in self.exponents()])]
         return "\n".join(parts) + "\n"
 
     def to_dict(self) -> dict:

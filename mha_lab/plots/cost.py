@@ -15,9 +15,10 @@ from matplotlib.figure import Figure
 from mha_lab.analysis import MODEL_CONFIGS, ModelConfig, flops_breakdown, gib, kv_cache_bytes, memory_breakdown
 from mha_lab.bench import chunked_forward, fit_exponent, peak_memory
 from mha_lab.cpu import MultiHeadAttention, head_by_head_forward
+from mha_lab.tables import markdown_table
 
 __all__ = [
-    "markdown_table", "flops_table", "memory_table", "heads_table", "kv_cache_table",
+    "flops_table", "memory_table", "heads_table", "kv_cache_table",
     "plot_flops_vs_length", "plot_kv_cache_vs_context",
     "peak_memory_vs_length", "plot_peak_memory", "plot_time_vs_length",
 ]
@@ -33,15 +34,6 @@ def _finish(fig: Figure, ax, legend_size: float | None = None, **labels) -> Figu
     ax.legend(fontsize=legend_size)
     plt.close(fig)
     return fig
-
-
-def markdown_table(headers: Sequence[str], rows: Iterable[Sequence]) -> str:
-    """A Markdown table; floats are written with 3 significant digits."""
-    def cell(v):
-        return f"{v:.3g}" if isinstance(v, float) else str(v)
-    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
-    return "\n".join(lines)
 
 
 def flops_table(sizes: Iterable[tuple[int, int, int, int]], softmax_flops: int = 5) -> str:
