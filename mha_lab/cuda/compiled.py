@@ -1,0 +1,168 @@
+r"""What the compiler makes of the flash kernel for an NVIDIA GPU, on a machine without one.
+
+Triton compiles ahead of time for a named target: its wheel ships ``ptxas``, so the kernel
+of ``mha_lab.cuda.flash`` can be lowered to machine code for an A100 (``sm_80``) or an
+H100/H200 (``sm_90``) anywhere. Each build is made with the specialisations a launch on
+contiguous tensors gets (head-dimension strides equal to 1, pointers, the other strides and
+the length divisible by 16), and reports the three numbers that decide whether a tile
+choice can be fast:
+
+* shared memory per program, which must fit the architecture's limit per block
+  (``SHARED_MEMORY_BYTES``) and, with the registers, decides how many programs share an SM;
+* registers per thread (at most 255);
+* register spills in bytes: values that did not fit in registers and go to slow local
+  memory. A tile that spills is one the autotuner would only waste time on.
+
+It also says whether the matmuls use tensor cores (``mma`` instructions in the PTX): they
+must for fp16 and bf16, and must not for fp32, whose IEEE precision TF32 would break.
+
+Building needs no GPU and no driver, only Triton; it takes a second or two per build.
+From the command line (``TRITON_INTERPRET`` must not be set)::
+
+    python -m mha_lab.cuda.compiled --arch 90 --dtype float16 --head-dim 128 --causal
+    python -m mha_lab.cuda.compiled --arch 80 --dtype float32 --head-dim 64 --tile 64,64,8,2 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import re
+import sys
+from contextlib import redirect_stdout
+from dataclasses import asdict, dataclass
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from mha_lab.cuda import flash
+from mha_lab.tables import markdown_table
+
+__all__ = ["ARCHITECTURES", "SHARED_MEMORY_BYTES", "KernelBuild", "build_flash_kernel", "build_tile_candidates",
+           "builds_table", "main"]
+
+ARCHITECTURES = {80: "A100 (sm_80)", 90: "H100/H200 (sm_90)"}
+# the most shared memory one block may opt into (CUDA programming guide, compute capabilities)
+SHARED_MEMORY_BYTES = {80: 163 * 1024, 90: 227 * 1024}
+_TRITON_TYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+_UNIT_STRIDES = ("stride_qd", "stride_kd", "stride_vd", "stride_od")  # contiguous (B, H, L, D) tensors
+_RUNTIME_SCALARS = ("sm_scale", "H", "N_REP")  # not assumed divisible by 16
+_REGISTERS = re.compile(r"Used (\d+) registers")
+_SPILLS = re.compile(r"(\d+) bytes spill stores")
+
+
+@dataclass(frozen=True)
+class KernelBuild:
+    """One compiled variant of the forward kernel and the resources it needs per program."""
+
+    arch: int
+    dtype: torch.dtype
+    head_dim: int
+    causal: bool
+    tile: tuple[int, int, int, int]  # (BLOCK_M, BLOCK_N, num_warps, num_stages)
+    shared_bytes: int
+    registers: int
+    spill_bytes: int
+    tensor_cores: bool
+
+    @property
+    def fits(self) -> bool:
+        """Shared memory within the architecture's limit per block, and no register spills."""
+        return self.shared_bytes <= SHARED_MEMORY_BYTES[self.arch] and self.spill_bytes == 0
+
+
+def build_flash_kernel(arch: int, dtype: torch.dtype, head_dim: int, causal: bool,
+                       tile: tuple[int, int, int, int]) -> KernelBuild:
+    """Compile ``flash._attn_fwd`` for compute capability ``arch`` (80 or 90) with one tile; no GPU needed."""
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"arch must be one of {sorted(ARCHITECTURES)}, got {arch}")
+    if dtype not in _TRITON_TYPES:
+        raise TypeError(f"dtype must be one of {list(_TRITON_TYPES)}, got {dtype}")
+    if not flash._MIN_HEAD_DIM <= head_dim <= flash._MAX_HEAD_DIM:
+        raise ValueError(f"head_dim must be in [{flash._MIN_HEAD_DIM}, {flash._MAX_HEAD_DIM}], got {head_dim}")
+    if len(tile) != 4:
+        raise ValueError(f"tile is (BLOCK_M, BLOCK_N, num_warps, num_stages), got {tile}")
+    block_m, block_n, num_warps, num_stages = tile
+    if not all(n >= 16 and n & (n - 1) == 0 for n in (block_m, block_n)) or block_m % block_n:
+        raise ValueError(f"BLOCK_M and BLOCK_N must be powers of two >= 16 with BLOCK_N dividing BLOCK_M, got {tile}")
+    if num_warps not in (1, 2, 4, 8, 16) or num_stages < 1:
+        raise ValueError(f"num_warps must be a power of two up to 16 and num_stages >= 1, got {tile}")
+    if flash._INTERPRET:
+        raise RuntimeError("cannot compile for a GPU while TRITON_INTERPRET=1 is set")
+    fn = flash._attn_fwd.fn  # the @triton.jit function under the autotuner
+    constants = {"HEAD_DIM": head_dim, "BLOCK_D": max(triton.next_power_of_2(head_dim), flash._MIN_HEAD_DIM),
+                 "BLOCK_M": block_m, "BLOCK_N": block_n, "CAUSAL": causal,
+                 "DOT_PRECISION": "ieee" if dtype == torch.float32 else "tf32", **dict.fromkeys(_UNIT_STRIDES, 1)}
+    pointer = "*" + _TRITON_TYPES[dtype]
+    signature = {name: "constexpr" if name in constants else pointer if name in ("Q", "K", "V", "Out")
+                 else "*fp32" if name == "LSE" else "fp32" if name == "sm_scale" else "i32" for name in fn.arg_names}
+    aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
+               if signature[name] != "constexpr" and name not in _RUNTIME_SCALARS}
+    log = io.StringIO()
+    with triton.knobs.compilation.scope(), triton.knobs.nvidia.scope(), redirect_stdout(log):
+        triton.knobs.compilation.always_compile = True  # a cached build prints no ptxas log
+        triton.knobs.nvidia.dump_ptxas_log = True
+        kernel = triton.compile(ASTSource(fn, signature, constants, aligned), target=GPUTarget("cuda", arch, 32),
+                                options={"num_warps": num_warps, "num_stages": num_stages})
+    registers, spills = _REGISTERS.search(log.getvalue()), _SPILLS.search(log.getvalue())
+    if registers is None or spills is None:
+        raise RuntimeError(f"no register or spill report in the ptxas log:\n{log.getvalue()}")
+    return KernelBuild(arch, dtype, head_dim, causal, tuple(tile), int(kernel.metadata.shared),
+                       int(registers.group(1)), int(spills.group(1)), "mma" in kernel.asm["ptx"])
+
+
+def build_tile_candidates(arch: int, dtype: torch.dtype, head_dim: int, causal: bool) -> list[KernelBuild]:
+    """Build every tile the autotuner may try for this dtype and head size (``flash._gpu_tiles``)."""
+    block_d = max(triton.next_power_of_2(head_dim), flash._MIN_HEAD_DIM)
+    return [build_flash_kernel(arch, dtype, head_dim, causal, tile) for tile in flash._gpu_tiles(dtype, block_d)]
+
+
+def builds_table(builds: list[KernelBuild]) -> str:
+    """A Markdown table of builds: target, dtype, head size, tile, shared memory, registers, spills."""
+    return markdown_table(
+        ["GPU", "dtype", "D", "causal", "BLOCK_M x BLOCK_N", "warps", "stages", "shared memory (KiB)",
+         "registers / thread", "spilled (bytes)", "tensor cores", "usable"],
+        [[ARCHITECTURES[b.arch], str(b.dtype).removeprefix("torch."), b.head_dim, "yes" if b.causal else "no",
+          f"{b.tile[0]} x {b.tile[1]}", b.tile[2], b.tile[3], f"{b.shared_bytes / 1024:.0f}", b.registers,
+          b.spill_bytes, "yes" if b.tensor_cores else "no", "yes" if b.fits else "NO"] for b in builds])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m mha_lab.cuda.compiled``: build the kernel for a GPU target and print what it needs."""
+    parser = argparse.ArgumentParser(prog="python -m mha_lab.cuda.compiled", description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", type=int, nargs="+", default=sorted(ARCHITECTURES), choices=sorted(ARCHITECTURES))
+    parser.add_argument("--dtype", nargs="+", default=["float16"], choices=[str(t)[6:] for t in _TRITON_TYPES])
+    parser.add_argument("--head-dim", type=int, nargs="+", default=[64, 128])
+    parser.add_argument("--causal", action="store_true")
+    parser.add_argument("--tile", action="append", metavar="M,N,WARPS,STAGES",
+                        help="build this tile instead of the autotuner's candidates (repeatable)")
+    parser.add_argument("--json", action="store_true", help="print the builds as JSON instead of a table")
+    args = parser.parse_args(argv)
+    try:
+        tiles = [tuple(int(x) for x in t.split(",")) for t in args.tile or []]
+    except ValueError:
+        parser.error("--tile takes four integers: BLOCK_M,BLOCK_N,num_warps,num_stages")
+    builds = []
+    try:
+        for arch in args.arch:
+            for dtype in (getattr(torch, name) for name in args.dtype):
+                for head_dim in args.head_dim:
+                    if tiles:
+                        builds += [build_flash_kernel(arch, dtype, head_dim, args.causal, t) for t in tiles]
+                    else:
+                        builds += build_tile_candidates(arch, dtype, head_dim, args.causal)
+    except (ValueError, RuntimeError) as err:
+        print(f"python -m mha_lab.cuda.compiled: {err}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps([{**asdict(b), "dtype": str(b.dtype).removeprefix("torch.")} for b in builds]))
+    else:
+        print(builds_table(builds))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
