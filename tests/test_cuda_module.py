@@ -341,15 +341,3 @@ def test_gpu_float32_kernel_matches_reference_and_module_trains():
     assert torch.allclose(out_t, out_e, rtol=1e-4, atol=1e-4)
     for name, p in fused.named_parameters():
         assert torch.allclose(p.grad, dict(eager.named_parameters())[name].grad, rtol=1e-3, atol=1e-3), name
-
-
-@pytest.mark.gpu
-@requires_cuda
-def test_gpu_kernel_is_not_slower_than_materialised_attention():
-    from mha_lab.cuda.bench_gpu import time_ms
-    from mha_lab.cuda.flash import attention_ref, flash_attention
-
-    q, k, v = (torch.randn(4, 16, 4096, 64, device="cuda", dtype=torch.float16) for _ in range(3))
-    ours = time_ms(lambda: flash_attention(q, k, v, causal=True))
-    plain = time_ms(lambda: attention_ref(q, k, v, causal=True, upcast=False))
-    assert ours < plain, f"flash kernel {ours:.3f} ms vs materialised attention {plain:.3f} ms"
