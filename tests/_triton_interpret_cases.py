@@ -8,7 +8,8 @@ before the kernel's module is imported. By hand::
 It prints one JSON object, ``{case id: ""}`` for a pass or the failure's message. The grid
 covers causal and not; MHA, GQA and MQA; L = 1, 7, 97 and others that are not multiples of
 the interpreter's 16-row tiles; head sizes 16, 32, 64, 128 and a padded 40; fp32 and fp64;
-and the backward, both of the bare kernel and of the module's triton backend.
+and the backward, both of the bare kernel and of the module's triton backend; and the GPU
+benchmark's harness on one tiny shape.
 """
 
 from __future__ import annotations
@@ -48,14 +49,15 @@ def _grid() -> list[dict]:
         {"kind": "module", "dtype": "float64", "L": 19, "causal": True, "layout": "GQA", "D": 16, "B": 2},
         {"kind": "module", "dtype": "float64", "L": 7, "causal": False, "layout": "MHA", "D": 32, "B": 3},
         {"kind": "errors"},
+        {"kind": "bench"},
     ]
     return cases
 
 
 def case_id(case: dict) -> str:
     """A readable id: forward-float64-GQA-L97-D32-causal."""
-    if case["kind"] == "errors":
-        return "errors"
+    if case["kind"] in ("errors", "bench"):
+        return case["kind"]
     extras = [k for k in ("strided",) if case.get(k)] + ([f"scale{case['sm_scale']}"] if "sm_scale" in case else [])
     parts = [case["kind"], case["dtype"], case["layout"], f"L{case['L']}", f"D{case['D']}", f"B{case['B']}",
              "causal" if case["causal"] else "full", *extras]
@@ -170,7 +172,39 @@ def run_errors(case: dict) -> None:
             raise AssertionError(f"{dtype} was accepted by the interpreter")
 
 
-RUNNERS = {"forward": run_forward, "backward": run_backward, "module": run_module, "errors": run_errors}
+def run_bench(case: dict) -> None:
+    """The GPU benchmark's harness on one tiny shape: the agreement check, the row's arithmetic, and that
+    a wrong kernel stops it. Times come from a CPU clock here, so only their bookkeeping is checked."""
+    import time
+
+    import mha_lab.cuda.flash as flash
+    from mha_lab.cuda import bench_gpu
+
+    def cpu_time_ms(fn):
+        start = time.perf_counter()
+        fn()
+        return (time.perf_counter() - start) * 1e3
+
+    bench_gpu.time_ms = cpu_time_ms  # do_bench needs CUDA events
+    row = bench_gpu.bench_case("float32", 16, True, 40, batch=1, heads=2, device="cpu")
+    assert row["max_abs_diff"] < 1e-5, row
+    assert math.isclose(row["ratio"], row["sdpa_ms"] / row["ours_ms"]), row
+    flops = bench_gpu.attention_flops(1, 2, 40, 16, causal=True)
+    assert math.isclose(row["ours_tflops"], flops / row["ours_ms"] / 1e9), row
+    right = flash.flash_attention
+    flash.flash_attention = lambda q, k, v, causal=False: right(q, k, v, causal=not causal)  # the wrong mask
+    try:
+        bench_gpu.bench_case("float32", 16, True, 40, batch=1, heads=2, device="cpu")
+    except AssertionError as err:
+        assert "disagree" in str(err), err
+    else:
+        raise AssertionError("a kernel with the wrong mask was timed")
+    finally:
+        flash.flash_attention = right
+
+
+RUNNERS = {"forward": run_forward, "backward": run_backward, "module": run_module, "errors": run_errors,
+           "bench": run_bench}
 
 
 def main() -> int:

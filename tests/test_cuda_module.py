@@ -4,6 +4,7 @@ The Triton kernel itself is tested on CPU in test_triton_interpret.py (interpret
 Tests marked ``gpu`` need CUDA and skip without it.
 """
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -284,6 +285,25 @@ def test_benchmark_fails_clearly_without_cuda(capsys):
 
     assert main(["--quick"]) != 0
     assert "CUDA" in capsys.readouterr().err
+
+
+def test_benchmark_report_prints_table_verdict_and_json(monkeypatch, tmp_path, capsys):
+    from mha_lab.cuda import bench_gpu
+
+    def row(L, ratio):
+        return {"dtype": "float16", "head_dim": 64, "causal": False, "seq_len": L, "ours_ms": 1.0, "sdpa_ms": ratio,
+                "ours_tflops": 100.0, "sdpa_tflops": 100.0 / ratio, "ratio": ratio}
+
+    rows = [row(1024, 0.5), row(2048, 0.75), row(4096, 0.9)]  # L = 1024 is below the target's range
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_: "Test GPU")
+    monkeypatch.setattr(bench_gpu, "run", lambda quick, progress: rows)
+    assert bench_gpu.main(["--quick", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("Test GPU, B=4, H=32") and bench_gpu.format_table(rows) in out
+    assert "worst ratio at L >= 2048: 0.75, misses the target of 0.8" in out
+    report = json.loads((tmp_path / "bench_gpu.json").read_text())
+    assert report["device"] == "Test GPU" and report["worst_ratio_from_2k"] == 0.75 and report["rows"] == rows
 
 
 # --- GPU: the kernel at full size and in half precision -----------------------------------------------------------

@@ -47,14 +47,17 @@ def time_ms(fn: Callable[[], object]) -> float:
 
 
 def bench_case(dtype: str, head_dim: int, causal: bool, seq_len: int, batch: int = BATCH,
-               heads: int = HEADS) -> dict:
-    """Time one shape for both kernels after checking that they agree; returns a table row."""
+               heads: int = HEADS, device: str = "cuda") -> dict:
+    """Time one shape for both kernels after checking that they agree; returns a table row.
+
+    ``device="cpu"`` only makes sense under ``TRITON_INTERPRET=1``, to test this harness.
+    """
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from mha_lab.cuda.flash import flash_attention
 
-    gen = torch.Generator(device="cuda").manual_seed(seq_len + head_dim)
-    q, k, v = (torch.randn(batch, heads, seq_len, head_dim, device="cuda", dtype=getattr(torch, dtype),
+    gen = torch.Generator(device=device).manual_seed(seq_len + head_dim)
+    q, k, v = (torch.randn(batch, heads, seq_len, head_dim, device=device, dtype=getattr(torch, dtype),
                            generator=gen) for _ in range(3))
 
     def sdpa():
