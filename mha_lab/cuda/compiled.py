@@ -93,9 +93,9 @@ def build_flash_kernel(arch: int, dtype: torch.dtype, head_dim: int, causal: boo
     if flash._INTERPRET:
         raise RuntimeError("cannot compile for a GPU while TRITON_INTERPRET=1 is set")
     fn = flash._attn_fwd.fn  # the @triton.jit function under the autotuner
-    constants = {"HEAD_DIM": head_dim, "BLOCK_D": max(triton.next_power_of_2(head_dim), flash._MIN_HEAD_DIM),
+    constants = {"HEAD_DIM": head_dim, "BLOCK_D": flash._block_d(head_dim),
                  "BLOCK_M": block_m, "BLOCK_N": block_n, "CAUSAL": causal,
-                 "DOT_PRECISION": "ieee" if dtype == torch.float32 else "tf32", **dict.fromkeys(_UNIT_STRIDES, 1)}
+                 "DOT_PRECISION": flash._dot_precision(dtype), **dict.fromkeys(_UNIT_STRIDES, 1)}
     pointer = "*" + _TRITON_TYPES[dtype]
     signature = {name: "constexpr" if name in constants else pointer if name in ("Q", "K", "V", "Out")
                  else "*fp32" if name == "LSE" else "fp32" if name == "sm_scale" else "i32" for name in fn.arg_names}
@@ -116,8 +116,8 @@ def build_flash_kernel(arch: int, dtype: torch.dtype, head_dim: int, causal: boo
 
 def build_tile_candidates(arch: int, dtype: torch.dtype, head_dim: int, causal: bool) -> list[KernelBuild]:
     """Build every tile the autotuner may try for this dtype and head size (``flash._gpu_tiles``)."""
-    block_d = max(triton.next_power_of_2(head_dim), flash._MIN_HEAD_DIM)
-    return [build_flash_kernel(arch, dtype, head_dim, causal, tile) for tile in flash._gpu_tiles(dtype, block_d)]
+    tiles = flash._gpu_tiles(dtype, flash._block_d(head_dim))
+    return [build_flash_kernel(arch, dtype, head_dim, causal, tile) for tile in tiles]
 
 
 def builds_table(builds: list[KernelBuild]) -> str:

@@ -103,6 +103,16 @@ _GPU_TILES = {
 _INTERPRETER_TILE = (16, 16, 1, 1)
 
 
+def _block_d(head_dim: int) -> int:
+    """The head size the kernel works in: the next power of two, at least 16 (``tl.arange`` needs one)."""
+    return max(triton.next_power_of_2(head_dim), _MIN_HEAD_DIM)
+
+
+def _dot_precision(dtype: torch.dtype) -> str:
+    """``tl.dot``'s input precision: IEEE for 4- and 8-byte floats (no TF32 rounding); 16-bit types ignore it."""
+    return "ieee" if dtype in (torch.float32, torch.float64) else "tf32"
+
+
 def _gpu_tiles(dtype: torch.dtype, block_d: int) -> list[tuple[int, int, int, int]]:
     """The tile candidates on a GPU for inputs of ``dtype`` with padded head size ``block_d``."""
     width = "32-bit" if dtype.itemsize >= 4 else "16-bit"
@@ -268,7 +278,7 @@ def _flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
                    sm_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch ``_attn_fwd``: one program per (query tile, batch x head). Returns (out, lse)."""
     B, H, L, D = q.shape
-    block_d = max(triton.next_power_of_2(D), _MIN_HEAD_DIM)
+    block_d = _block_d(D)
     acc_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     out = torch.empty_like(q, memory_format=torch.contiguous_format)  # (B, H, L, D)
     lse = torch.empty((B, H, L), dtype=acc_dtype, device=q.device)  # natural-log log-sum-exp per row
@@ -280,7 +290,7 @@ def _flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
         *q.stride(), *k.stride(), *v.stride(), *out.stride(),
         H, H // k.shape[1], L,
         HEAD_DIM=D, BLOCK_D=block_d, CAUSAL=causal,
-        DOT_PRECISION="ieee" if q.dtype in (torch.float32, torch.float64) else "tf32",
+        DOT_PRECISION=_dot_precision(q.dtype),
     )
     return out, lse
 
