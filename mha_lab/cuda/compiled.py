@@ -48,6 +48,7 @@ ARCHITECTURES = {80: "A100 (sm_80)", 90: "H100/H200 (sm_90)"}
 # the most shared memory one block may opt into (CUDA programming guide, compute capabilities)
 SHARED_MEMORY_BYTES = {80: 163 * 1024, 90: 227 * 1024}
 _TRITON_TYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+_DTYPE_NAMES = {dtype: str(dtype).removeprefix("torch.") for dtype in _TRITON_TYPES}  # torch.float16 -> "float16"
 _UNIT_STRIDES = ("stride_qd", "stride_kd", "stride_vd", "stride_od")  # contiguous (B, H, L, D) tensors
 _RUNTIME_SCALARS = ("sm_scale", "H", "N_REP")  # not assumed divisible by 16
 _REGISTERS = re.compile(r"Used (\d+) registers")
@@ -125,7 +126,7 @@ def builds_table(builds: list[KernelBuild]) -> str:
     return markdown_table(
         ["GPU", "dtype", "D", "causal", "BLOCK_M x BLOCK_N", "warps", "stages", "shared memory (KiB)",
          "registers / thread", "spilled (bytes)", "tensor cores", "usable"],
-        [[ARCHITECTURES[b.arch], str(b.dtype).removeprefix("torch."), b.head_dim, "yes" if b.causal else "no",
+        [[ARCHITECTURES[b.arch], _DTYPE_NAMES[b.dtype], b.head_dim, "yes" if b.causal else "no",
           f"{b.tile[0]} x {b.tile[1]}", b.tile[2], b.tile[3], f"{b.shared_bytes / 1024:.0f}", b.registers,
           b.spill_bytes, "yes" if b.tensor_cores else "no", "yes" if b.fits else "NO"] for b in builds])
 
@@ -134,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m mha_lab.cuda.compiled``: build the kernel for a GPU target and print what it needs."""
     parser = argparse.ArgumentParser(prog="python -m mha_lab.cuda.compiled", description=__doc__.splitlines()[0])
     parser.add_argument("--arch", type=int, nargs="+", default=sorted(ARCHITECTURES), choices=sorted(ARCHITECTURES))
-    parser.add_argument("--dtype", nargs="+", default=["float16"], choices=[str(t)[6:] for t in _TRITON_TYPES])
+    parser.add_argument("--dtype", nargs="+", default=["float16"], choices=list(_DTYPE_NAMES.values()))
     parser.add_argument("--head-dim", type=int, nargs="+", default=[64, 128])
     parser.add_argument("--causal", action="store_true")
     parser.add_argument("--tile", action="append", metavar="M,N,WARPS,STAGES",
@@ -158,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"python -m mha_lab.cuda.compiled: {err}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps([{**asdict(b), "dtype": str(b.dtype).removeprefix("torch.")} for b in builds]))
+        print(json.dumps([{**asdict(b), "dtype": _DTYPE_NAMES[b.dtype]} for b in builds]))
     else:
         print(builds_table(builds))
     return 0
