@@ -54,7 +54,17 @@ def test_softmax_backward_matches_central_differences():
     rng = np.random.default_rng(1)
     S, G = rng.standard_normal((2, 3, 5)), rng.standard_normal((2, 3, 5))
     numerical = numerical_gradient(lambda: float(np.sum(softmax(S) * G)), S)
-    assert relative_error(softmax_backward(softmax(S), G), numerical) < 1e-7
+    assert relative_error(softmax_backward(G, softmax(S)), numerical) < 1e-7
+
+
+def test_softmax_backward_takes_the_gradient_first():
+    # Both arguments are (..., L, L): only the values can tell a swapped call apart.
+    rng = np.random.default_rng(2)
+    A, G = softmax(rng.standard_normal((3, 4))), rng.standard_normal((3, 4))
+    expected = A * (G - np.sum(G * A, axis=-1, keepdims=True))
+    assert_close(softmax_backward(G, A), expected)
+    assert_close(softmax_backward(grad_A=G, A=A), expected)
+    assert not np.allclose(softmax_backward(A, G), expected)
 
 
 def test_causal_mask_values_and_shape():

@@ -122,7 +122,7 @@ class SelfAttention(_Linear):
         grad_Z = self._project_backward(c["Z"], grad_out, "O")
         grad_A = grad_Z @ c["V"].transpose(0, 2, 1)
         grad_V = c["A"].transpose(0, 2, 1) @ grad_Z
-        grad_S = softmax_backward(c["A"], grad_A) / np.sqrt(self.d_k)
+        grad_S = softmax_backward(grad_A, c["A"]) / np.sqrt(self.d_k)
         grad_Q = grad_S @ c["K"]
         grad_K = grad_S.transpose(0, 2, 1) @ c["Q"]
         return sum(self._project_backward(c["X"], g, n) for g, n in ((grad_Q, "Q"), (grad_K, "K"), (grad_V, "V")))
@@ -215,7 +215,7 @@ class GroupedQueryAttention(_Linear):
         grad_A = grad_Z @ c["V_rep"].transpose(0, 1, 3, 2)  # (B, h, L, L)
         grad_V = A.transpose(0, 1, 3, 2) @ grad_Z  # (B, h, L, d_k)
         # step 4: softmax (masked positions have A = 0, so their gradient is 0)
-        grad_S = softmax_backward(A, grad_A)  # (B, h, L, L)
+        grad_S = softmax_backward(grad_A, A)  # (B, h, L, L)
         # step 5: scale and Q K^T -> grad_Q, grad_K
         grad_S *= 1.0 / np.sqrt(self.d_k)
         grad_Q = grad_S @ c["K_rep"]  # (B, h, L, d_k)

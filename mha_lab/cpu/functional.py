@@ -72,8 +72,11 @@ def softmax(x: np.ndarray, axis: int = -1, out: np.ndarray | None = None) -> np.
     return out
 
 
-def softmax_backward(A: np.ndarray, grad_A: np.ndarray, axis: int = -1) -> np.ndarray:
+def softmax_backward(grad_A: np.ndarray, A: np.ndarray, axis: int = -1) -> np.ndarray:
     r"""Gradient of the loss with respect to the softmax input, given ``A = softmax(S)``.
+
+    The incoming gradient comes first, as in PyTorch's ``_softmax_backward_data``; both
+    arguments have the same shape, so swapping them gives wrong values without an error.
 
     .. math:: \frac{\partial \mathcal{L}}{\partial S} = A \odot \Big(\frac{\partial \mathcal{L}}{\partial A}
               - \operatorname{rowsum}\big(\frac{\partial \mathcal{L}}{\partial A} \odot A\big)\Big)
