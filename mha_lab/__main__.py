@@ -1,12 +1,21 @@
-"""Command line: ``python -m mha_lab bench [--quick] [--gpu] [--out DIR]``.
+"""MHA Lab's command line: ``python -m mha_lab COMMAND [options]``; ``COMMAND --help`` describes each.
 
-``--gpu`` hands the other options to ``mha_lab.cuda.bench_gpu.main`` (PyTorch and Triton on
-an NVIDIA GPU) instead of running the CPU suite.
+A command is one line of ``COMMANDS``: its name, the function that runs it on the remaining
+arguments (usually a module's ``main(argv)``, imported only when the command runs) and a line
+of help. The command line is the top of the package: it may import anything, nothing imports it.
 """
 
 from __future__ import annotations
 
+import argparse
+import importlib
 import sys
+from collections.abc import Callable
+
+
+def _module(name: str) -> Callable[[list[str]], int]:
+    """The command whose code is ``name.main(argv) -> int``; the module is imported when the command runs."""
+    return lambda argv: importlib.import_module(name).main(argv)
 
 
 def _bench_gpu(argv: list[str]) -> int:
@@ -27,18 +36,34 @@ def _bench_gpu(argv: list[str]) -> int:
     return bench_gpu.main(argv)
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] != "bench":
-        print(__doc__.strip(), file=sys.stderr)
-        return 2
-    argv = argv[1:]
+def _bench(argv: list[str]) -> int:
+    """``bench``: the suite and its tables (``mha_lab.bench``), then its figures (``mha_lab.plots.bench``)."""
     if "--gpu" in argv:
         return _bench_gpu([a for a in argv if a != "--gpu"])
-    from mha_lab.bench import main as bench_main
+    from mha_lab import bench
+    from mha_lab.plots.bench import save_figures
 
-    bench_main(argv)
+    results, out = bench.main(argv)
+    print(f"wrote {out / 'bench.json'}, {out / 'bench.md'}, " + ", ".join(p.name for p in save_figures(results, out)))
     return 0
+
+
+COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
+    "bench": (_bench, "time and measure every attention implementation side by side (--gpu: the Triton kernel)"),
+    "compile": (_module("mha_lab.cuda.compiled"),
+                "build the Triton kernel for an A100 and an H100 without a GPU: shared memory, registers, spills"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse the command name and hand every other argument to that command; returns the exit status."""
+    parser = argparse.ArgumentParser(prog="python -m mha_lab", description="MHA Lab's commands; "
+                                     "`python -m mha_lab COMMAND --help` describes each.")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (_, summary) in COMMANDS.items():
+        commands.add_parser(name, help=summary, add_help=False)  # the command's own parser answers --help
+    args, rest = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
+    return COMMANDS[args.command][0](rest)
 
 
 if __name__ == "__main__":

@@ -5,26 +5,16 @@ eager and SDPA backends, and ``torch.nn.MultiheadAttention``) on the CPU. Every
 implementation gets the same weights and the same input, and its output is checked
 against the NumPy float64 reference once per shape before anything is timed. Repeats are
 interleaved (round-robin over implementations), so drift on a shared machine hits all of
-them alike, and each time is the median of the repeats.
-
-Peak memory: ``tracemalloc`` for NumPy (NumPy reports its buffers to it); for PyTorch on CPU,
-the running sum of allocations and frees that ``torch.profiler`` records with
-``profile_memory=True``. Achieved GFLOP/s use ``count_flops`` and are compared
-with a plain BLAS matrix product measured in the same run: the practical ceiling here.
+them alike, and each time is the median of the repeats; peak memory is ``tracemalloc``'s for
+NumPy and ``torch.profiler``'s for PyTorch (``mha_lab.measure`` does all the measuring).
+Achieved GFLOP/s use ``count_flops`` and are compared with a plain BLAS matrix product
+measured in the same run: the practical ceiling here.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import ctypes
-import glob
 import json
-import os
-import platform
-import sys
-import time
-import tracemalloc
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,126 +30,15 @@ from mha_lab.cpu import (
     per_head_attention,
     split_heads,
 )
+from mha_lab.measure import fit_exponent, interleaved_times, machine_info, median_time, peak_memory, torch_peak_memory
 from mha_lab.tables import markdown_table
 from mha_lab.testing import tolerances
 
-__all__ = ["median_time", "interleaved_times", "peak_memory", "torch_peak_memory", "fit_exponent", "chunked_forward",
-           "blas_threads", "machine_info", "run_suite", "BenchResults", "main"]
+__all__ = ["chunked_forward", "run_suite", "BenchResults", "main"]
 
 SECTIONS = ("forward", "backward", "memory", "gemm")
 MAX_SCORE_BYTES = 2 * 2**30  # skip implementations that would hold a (B, h, L, L) tensor larger than this
 TARGET_H = 8  # the head count at which the four targets are judged
-
-
-# --------------------------------------------------------------------------------------------
-# measuring one thing
-
-
-def interleaved_times(fns: dict[str, Callable[[], object]], repeat: int = 5, warmup: int = 1) -> dict[str, float]:
-    """Median wall time in seconds of each function, running them round-robin ``repeat`` times."""
-    if repeat < 1:
-        raise ValueError(f"repeat must be at least 1, got {repeat}")
-    for _ in range(warmup):
-        for fn in fns.values():
-            fn()
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeat):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - start)
-    return {name: float(np.median(t)) for name, t in times.items()}
-
-
-def median_time(fn: Callable[[], object], repeat: int = 5, warmup: int = 1) -> float:
-    """Median wall time of ``fn()`` in seconds over ``repeat`` calls, after ``warmup`` untimed calls."""
-    return interleaved_times({"fn": fn}, repeat, warmup)["fn"]
-
-
-def peak_memory(fn: Callable[[], object]) -> int:
-    """Peak bytes allocated while ``fn()`` runs, as seen by ``tracemalloc`` (NumPy buffers included).
-
-    The result of ``fn`` is dropped inside the measurement, so only its working memory and
-    output count, not arrays that existed before the call.
-    """
-    tracemalloc.start()
-    try:
-        fn()
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
-    return int(peak)
-
-
-@contextlib.contextmanager
-def _stderr_silenced():
-    """Point file descriptor 2 at /dev/null: the profiler's C++ side logs each start and stop there."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, 2)
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
-
-
-def torch_peak_memory(fn: Callable[[], object]) -> int:
-    """Peak bytes that PyTorch's CPU allocator holds while ``fn()`` runs, from ``torch.profiler``.
-
-    With ``profile_memory=True`` each operator reports the bytes it allocated and the profiler
-    logs each free; their running sum in time order peaks at the working memory of ``fn``.
-    ``tracemalloc`` cannot see PyTorch's buffers, hence this second method.
-    """
-    from torch.profiler import ProfilerActivity, profile
-
-    with _stderr_silenced(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    events = sorted(prof.events(), key=lambda e: e.time_range.start)
-    running = peak = 0
-    for e in events:
-        running += e.self_cpu_memory_usage
-        peak = max(peak, running)
-    return int(peak)
-
-
-def fit_exponent(xs, ys) -> float:
-    r"""Slope :math:`p` of the least-squares line :math:`\log y = p \log x + c` (y grows like :math:`x^p`)."""
-    xs, ys = np.asarray(xs, dtype=float), np.asarray(ys, dtype=float)
-    if xs.size < 2 or np.unique(xs).size < 2:
-        raise ValueError(f"fitting an exponent needs at least two distinct x values, got {xs.tolist()}")
-    if np.any(xs <= 0) or np.any(ys <= 0):
-        raise ValueError("fitting an exponent on log axes needs positive values")
-    return float(np.polyfit(np.log(xs), np.log(ys), 1)[0])
-
-
-# --------------------------------------------------------------------------------------------
-# threads and machine
-
-
-def _openblas_threads_fn(suffix: str):
-    import numpy  # the wheel's bundled OpenBLAS sits next to the package
-
-    for lib in glob.glob(os.path.join(os.path.dirname(numpy.__file__) + ".libs", "*openblas*.so*")):
-        cdll = ctypes.CDLL(lib)
-        for prefix in ("scipy_openblas_", "openblas_"):
-            for end in ("64_", "_64_", ""):
-                fn = getattr(cdll, f"{prefix}{suffix}{end}", None)
-                if fn is not None:
-                    return fn
-    return None
-
-
-def blas_threads(n: int | None = None) -> int | None:
-    """NumPy's OpenBLAS thread count, after setting it to ``n`` when given; None if not OpenBLAS."""
-    if n is not None:
-        setter = _openblas_threads_fn("set_num_threads")
-        if setter is not None:
-            setter(ctypes.c_int(n))
-    getter = _openblas_threads_fn("get_num_threads")
-    return int(getter()) if getter is not None else None
 
 
 def _torch():
@@ -168,24 +47,6 @@ def _torch():
     except ImportError:
         return None
     return torch
-
-
-def machine_info(threads: int = 1) -> dict:
-    """CPU model, core count, library versions and the thread counts the run uses (pinned to ``threads``)."""
-    torch = _torch()
-    if torch is not None:
-        torch.set_num_threads(threads)
-    cpu = platform.processor()
-    if os.path.exists("/proc/cpuinfo"):
-        with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
-    return {
-        "cpu": cpu, "nproc": os.cpu_count(), "python": platform.python_version(), "numpy": np.__version__,
-        "blas": f"{blas.get('name')} {blas.get('version')}", "blas_threads": blas_threads(threads),
-        "torch": torch.__version__ if torch is not None else None,
-        "torch_threads": torch.get_num_threads() if torch is not None else None,
-    }
 
 
 # --------------------------------------------------------------------------------------------
@@ -546,14 +407,17 @@ def run_suite(quick: bool = False, sections: tuple[str, ...] = SECTIONS, progres
     return results
 
 
-def main(argv: list[str] | None = None) -> BenchResults:
-    """``python -m mha_lab bench [--quick] [--out DIR] [--sections ...] [--threads N]``."""
+def main(argv: list[str] | None = None) -> tuple[BenchResults, Path]:
+    """``python -m mha_lab bench``: run the suite, write ``bench.json`` and ``bench.md`` into ``--out``, print the
+    tables; returns the results and that folder (the command line adds the figures)."""
     parser = argparse.ArgumentParser(prog="python -m mha_lab bench", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small grid, under a minute (what the book runs)")
     parser.add_argument("--out", default="bench_results", help="directory for bench.json, bench.md and the PNGs")
     parser.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=SECTIONS)
     parser.add_argument("--threads", type=int, default=1, help="threads for both BLAS and torch (default: 1)")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    parser.add_argument("--gpu", action="store_true", help="the Triton kernel against PyTorch's flash SDPA on an "
+                        "NVIDIA GPU instead (mha_lab.cuda.bench_gpu; --gpu --help for its options)")
     args = parser.parse_args(argv)
     results = run_suite(quick=args.quick, sections=tuple(args.sections), progress=not args.no_progress,
                         threads=args.threads)
@@ -561,11 +425,5 @@ def main(argv: list[str] | None = None) -> BenchResults:
     out.mkdir(parents=True, exist_ok=True)
     results.to_json(out / "bench.json")
     (out / "bench.md").write_text(results.to_markdown())
-    from mha_lab.plots import bench as bench_plots
-
-    for name in ("time_vs_length", "memory_vs_length", "implementations_bar"):
-        fig = getattr(bench_plots, name)(results)
-        fig.savefig(out / f"{name}.png", dpi=120, bbox_inches="tight")
     print(results.to_markdown())
-    print(f"wrote {out / 'bench.json'}, {out / 'bench.md'} and 3 figures")
-    return results
+    return results, out

@@ -45,3 +45,13 @@ def test_ruff_is_clean():
     result = subprocess.run([sys.executable, "-m", "ruff", "check", "--quiet", "."], capture_output=True, text=True,
                             cwd=ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_command_answers_its_own_help():
+    from mha_lab.__main__ import COMMANDS
+
+    for name in COMMANDS:
+        result = subprocess.run([sys.executable, "-m", "mha_lab", name, "--help"], capture_output=True, text=True,
+                                cwd=ROOT)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.startswith(f"usage: python -m mha_lab {name}"), result.stdout

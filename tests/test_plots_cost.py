@@ -6,7 +6,7 @@ matplotlib.use("Agg")
 
 import pytest  # noqa: E402
 
-from mha_lab.bench import fit_exponent  # noqa: E402
+from mha_lab.measure import fit_exponent  # noqa: E402
 from mha_lab.plots import cost  # noqa: E402
 
 

@@ -19,8 +19,8 @@ must for fp16 and bf16, and must not for fp32, whose IEEE precision TF32 would b
 Building needs no GPU and no driver, only Triton; it takes a second or two per build.
 From the command line (``TRITON_INTERPRET`` must not be set)::
 
-    python -m mha_lab.cuda.compiled --arch 90 --dtype float16 --head-dim 128 --causal
-    python -m mha_lab.cuda.compiled --arch 80 --dtype float32 --head-dim 64 --tile 64,64,8,2 --json
+    python -m mha_lab compile --arch 90 --dtype float16 --head-dim 128 --causal
+    python -m mha_lab compile --arch 80 --dtype float32 --head-dim 64 --tile 64,64,8,2 --json
 """
 
 from __future__ import annotations
@@ -132,8 +132,8 @@ def builds_table(builds: list[KernelBuild]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m mha_lab.cuda.compiled``: build the kernel for a GPU target and print what it needs."""
-    parser = argparse.ArgumentParser(prog="python -m mha_lab.cuda.compiled", description=__doc__.splitlines()[0])
+    """``python -m mha_lab compile``: build the kernel for a GPU target and print what it needs."""
+    parser = argparse.ArgumentParser(prog="python -m mha_lab compile", description=__doc__.splitlines()[0])
     parser.add_argument("--arch", type=int, nargs="+", default=sorted(ARCHITECTURES), choices=sorted(ARCHITECTURES))
     parser.add_argument("--dtype", nargs="+", default=["float16"], choices=list(_DTYPE_NAMES.values()))
     parser.add_argument("--head-dim", type=int, nargs="+", default=[64, 128])
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
                     else:
                         builds += build_tile_candidates(arch, dtype, head_dim, args.causal)
     except (ValueError, RuntimeError) as err:
-        print(f"python -m mha_lab.cuda.compiled: {err}", file=sys.stderr)
+        print(f"python -m mha_lab compile: {err}", file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps([{**asdict(b), "dtype": _DTYPE_NAMES[b.dtype]} for b in builds]))
@@ -164,6 +164,3 @@ def main(argv: list[str] | None = None) -> int:
         print(builds_table(builds))
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

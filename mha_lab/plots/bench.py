@@ -6,6 +6,8 @@ and returns a Figure with log axes and units on both.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
@@ -13,7 +15,7 @@ from matplotlib.ticker import NullFormatter
 
 from mha_lab.bench import TARGET_H, BenchResults
 
-__all__ = ["time_vs_length", "memory_vs_length", "implementations_bar"]
+__all__ = ["time_vs_length", "memory_vs_length", "implementations_bar", "save_figures"]
 
 
 def _rows(results: BenchResults | dict) -> list[dict]:
@@ -76,3 +78,12 @@ def implementations_bar(results: BenchResults | dict, L: int | None = None, h: i
     ax.grid(True, axis="x", which="major", alpha=0.3)
     plt.close(fig)
     return fig
+
+
+def save_figures(results: BenchResults | dict, out: Path) -> list[Path]:
+    """Write the three figures above as PNGs into the folder ``out``; returns their paths."""
+    paths = []
+    for make in (time_vs_length, memory_vs_length, implementations_bar):
+        paths.append(Path(out) / f"{make.__name__}.png")
+        make(results).savefig(paths[-1], dpi=120, bbox_inches="tight")
+    return paths

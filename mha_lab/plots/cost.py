@@ -13,8 +13,9 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from mha_lab.analysis import MODEL_CONFIGS, ModelConfig, flops_breakdown, gib, kv_cache_bytes, memory_breakdown
-from mha_lab.bench import chunked_forward, fit_exponent, peak_memory
+from mha_lab.bench import chunked_forward
 from mha_lab.cpu import MultiHeadAttention, head_by_head_forward
+from mha_lab.measure import fit_exponent, peak_memory
 from mha_lab.tables import markdown_table
 
 __all__ = [
@@ -120,7 +121,7 @@ def peak_memory_vs_length(lengths: Sequence[int] = (128, 256, 512, 1024, 2048), 
                           n_heads: int = 8, batch_size: int = 1, block: int = 64) -> dict[str, list[int]]:
     """Measured peak bytes of one layer's forward (float64) for the fused, head-by-head and chunked methods.
 
-    Uses the benchmark's ``peak_memory`` (tracemalloc) and ``chunked_forward``, with small blocks so that
+    Uses ``mha_lab.measure.peak_memory`` (tracemalloc) and ``chunked_forward``, with small blocks so that
     the chunked method's linear growth shows at lengths a book page can afford.
     """
     layer = MultiHeadAttention(d_model, n_heads, seed=0)

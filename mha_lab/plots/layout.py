@@ -10,6 +10,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import NullFormatter, ScalarFormatter
 
 from mha_lab.cpu import MultiHeadAttention, per_head_attention, split_heads
+from mha_lab.measure import interleaved_times
 
 __all__ = ["describe_layout", "plot_head_split_layout", "time_loop_vs_fused", "plot_loop_vs_fused"]
 
@@ -60,12 +61,10 @@ def time_loop_vs_fused(head_counts: Sequence[int] = (1, 2, 4, 8, 16, 32, 64), ba
     """Median wall time of ``per_head_attention`` (a Python loop over heads) and of the fused
     ``MultiHeadAttention.forward`` on the same weights, for each head count.
 
-    The two run round-robin (``mha_lab.bench.interleaved_times``), so a burst of load on a shared
+    The two run round-robin (``mha_lab.measure.interleaved_times``), so a burst of load on a shared
     machine slows both rather than one. Returns one record per h:
     ``{"heads", "loop_s", "fused_s", "ratio"}`` (seconds; ratio = loop / fused).
     """
-    from mha_lab.bench import interleaved_times
-
     X = np.random.default_rng(seed).standard_normal((batch_size, seq_len, d_model))  # (B, L, d_model)
     records = []
     for h in head_counts:

@@ -1,0 +1,147 @@
+"""Measuring code on this machine: interleaved timing, peak memory, growth exponents, thread counts.
+
+Timing runs the candidates round-robin, so drift on a shared machine hits all of them alike,
+and reports medians. Peak memory: ``tracemalloc`` for NumPy (NumPy reports its buffers to
+it); for PyTorch on CPU, the running sum of the allocations and frees that ``torch.profiler``
+records. Nothing here imports torch until a torch measurement is asked for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import glob
+import os
+import platform
+import sys
+import time
+import tracemalloc
+from collections.abc import Callable, Iterator, Sequence
+
+import numpy as np
+
+__all__ = ["interleaved_times", "median_time", "peak_memory", "torch_peak_memory", "fit_exponent",
+           "blas_threads", "machine_info"]
+
+
+def interleaved_times(fns: dict[str, Callable[[], object]], repeat: int = 5, warmup: int = 1) -> dict[str, float]:
+    """Median wall time in seconds of each function, running them round-robin ``repeat`` times."""
+    if repeat < 1:
+        raise ValueError(f"repeat must be at least 1, got {repeat}")
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeat):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return {name: float(np.median(t)) for name, t in times.items()}
+
+
+def median_time(fn: Callable[[], object], repeat: int = 5, warmup: int = 1) -> float:
+    """Median wall time of ``fn()`` in seconds over ``repeat`` calls, after ``warmup`` untimed calls."""
+    return interleaved_times({"fn": fn}, repeat, warmup)["fn"]
+
+
+def peak_memory(fn: Callable[[], object]) -> int:
+    """Peak bytes allocated while ``fn()`` runs, as seen by ``tracemalloc`` (NumPy buffers included).
+
+    The result of ``fn`` is dropped inside the measurement, so only its working memory and
+    output count, not arrays that existed before the call.
+    """
+    tracemalloc.start()
+    try:
+        fn()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return int(peak)
+
+
+@contextlib.contextmanager
+def _stderr_silenced() -> Iterator[None]:
+    """Point file descriptor 2 at /dev/null: the profiler's C++ side logs each start and stop there."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+def torch_peak_memory(fn: Callable[[], object]) -> int:
+    """Peak bytes that PyTorch's CPU allocator holds while ``fn()`` runs, from ``torch.profiler``.
+
+    With ``profile_memory=True`` each operator reports the bytes it allocated and the profiler
+    logs each free; their running sum in time order peaks at the working memory of ``fn``.
+    ``tracemalloc`` cannot see PyTorch's buffers, hence this second method.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    with _stderr_silenced(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events = sorted(prof.events(), key=lambda e: e.time_range.start)
+    running = peak = 0
+    for e in events:
+        running += e.self_cpu_memory_usage
+        peak = max(peak, running)
+    return int(peak)
+
+
+def fit_exponent(xs: Sequence[float], ys: Sequence[float]) -> float:
+    r"""Slope :math:`p` of the least-squares line :math:`\log y = p \log x + c` (y grows like :math:`x^p`)."""
+    xs, ys = np.asarray(xs, dtype=float), np.asarray(ys, dtype=float)
+    if xs.size < 2 or np.unique(xs).size < 2:
+        raise ValueError(f"fitting an exponent needs at least two distinct x values, got {xs.tolist()}")
+    if np.any(xs <= 0) or np.any(ys <= 0):
+        raise ValueError("fitting an exponent on log axes needs positive values")
+    return float(np.polyfit(np.log(xs), np.log(ys), 1)[0])
+
+
+def _openblas_threads_fn(suffix: str) -> Callable | None:
+    """``openblas_<suffix>`` from the OpenBLAS that NumPy's wheel bundles, whatever its symbol prefix."""
+    for lib in glob.glob(os.path.join(os.path.dirname(np.__file__) + ".libs", "*openblas*.so*")):
+        cdll = ctypes.CDLL(lib)
+        for prefix in ("scipy_openblas_", "openblas_"):
+            for end in ("64_", "_64_", ""):
+                fn = getattr(cdll, f"{prefix}{suffix}{end}", None)
+                if fn is not None:
+                    return fn
+    return None
+
+
+def blas_threads(n: int | None = None) -> int | None:
+    """NumPy's OpenBLAS thread count, after setting it to ``n`` when given; None if not OpenBLAS."""
+    if n is not None:
+        setter = _openblas_threads_fn("set_num_threads")
+        if setter is not None:
+            setter(ctypes.c_int(n))
+    getter = _openblas_threads_fn("get_num_threads")
+    return int(getter()) if getter is not None else None
+
+
+def machine_info(threads: int = 1) -> dict[str, object]:
+    """CPU model, core count, library versions and the thread counts the run uses (pinned to ``threads``)."""
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if torch is not None:
+        torch.set_num_threads(threads)
+    cpu = platform.processor()
+    if os.path.exists("/proc/cpuinfo"):
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+    return {
+        "cpu": cpu, "nproc": os.cpu_count(), "python": platform.python_version(), "numpy": np.__version__,
+        "blas": f"{blas.get('name')} {blas.get('version')}", "blas_threads": blas_threads(threads),
+        "torch": torch.__version__ if torch is not None else None,
+        "torch_threads": torch.get_num_threads() if torch is not None else None,
+    }

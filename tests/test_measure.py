@@ -1,0 +1,48 @@
+"""Measurement: interleaved timing, peak memory of NumPy and torch, growth exponents, thread control."""
+
+import numpy as np
+import pytest
+
+from mha_lab.measure import blas_threads, fit_exponent, interleaved_times, median_time, peak_memory, torch_peak_memory
+
+
+def test_interleaved_times_runs_the_candidates_round_robin():
+    order = []
+    times = interleaved_times({"a": lambda: order.append("a"), "b": lambda: order.append("b")}, repeat=3, warmup=1)
+    assert order == ["a", "b"] * 4 and set(times) == {"a", "b"}
+
+
+def test_median_time_runs_warmup_plus_repeats():
+    calls = []
+    t = median_time(lambda: calls.append(1), repeat=4, warmup=2)
+    assert len(calls) == 6 and t >= 0
+    with pytest.raises(ValueError, match="repeat"):
+        median_time(lambda: None, repeat=0)
+
+
+def test_peak_memory_sees_numpy_and_torch_buffers():
+    n = 2**20  # 8 MiB of float64
+    assert peak_memory(lambda: np.ones(n)) >= 8 * n
+    assert peak_memory(lambda: None) < 8 * n
+    torch = pytest.importorskip("torch")
+    assert torch_peak_memory(lambda: torch.ones(n, dtype=torch.float64)) >= 8 * n
+
+
+def test_fit_exponent_recovers_a_power_law():
+    L = np.array([128, 256, 1024, 4096])
+    assert fit_exponent(L, 3.0 * L**2) == pytest.approx(2.0)
+    assert fit_exponent(L, 5.0 * L) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="two distinct"):
+        fit_exponent([4, 4], [1, 2])
+    with pytest.raises(ValueError, match="positive"):
+        fit_exponent([1, 2], [0, 1])
+
+
+def test_blas_threads_are_set_and_read_back():
+    before = blas_threads()
+    if before is None:
+        pytest.skip("NumPy's BLAS is not OpenBLAS here")
+    try:
+        assert blas_threads(1) == 1
+    finally:
+        blas_threads(before)
