@@ -10,11 +10,18 @@ from mha_lab.cpu.functional import (
     softmax_backward,
     split_heads,
 )
-from mha_lab.cpu.memory import chunked_attention, head_by_head_forward
+from mha_lab.cpu.memory import (
+    Checkpointed,
+    ChunkedLayer,
+    chunked_attention,
+    chunked_attention_backward,
+    head_by_head_forward,
+)
 from mha_lab.cpu.per_head import per_head_attention
 
 __all__ = [
     "softmax", "softmax_backward", "create_causal_mask", "split_heads", "merge_heads", "repeat_kv",
     "scaled_dot_product_attention", "SelfAttention", "MultiHeadAttention", "GroupedQueryAttention",
-    "per_head_attention", "head_by_head_forward", "chunked_attention",
+    "per_head_attention", "head_by_head_forward", "chunked_attention", "chunked_attention_backward",
+    "ChunkedLayer", "Checkpointed",
 ]
