@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import NullFormatter
 
 from mha_lab.bench import TARGET_H, BenchResults
+from mha_lab.plots.style import check, legend_outside, new_figure
 
 __all__ = ["time_vs_length", "memory_vs_length", "implementations_bar", "save_figures"]
 
@@ -27,7 +27,7 @@ def _lines(results, section: str, key: str, scale: float, h: int, ylabel: str, t
     rows = [r for r in _rows(results) if r["section"] == section and r["h"] == h and r[key]]
     if not rows:
         raise ValueError(f"no {section} measurements at h={h} in these results")
-    fig, ax = plt.subplots(figsize=(6.8, 4.4))
+    fig, ax = new_figure(4.2)
     for impl, dtype in dict.fromkeys((r["impl"], r["dtype"]) for r in rows):
         pts = sorted((r["L"], r[key] * scale) for r in rows if (r["impl"], r["dtype"]) == (impl, dtype))
         Ls, ys = zip(*pts, strict=True)
@@ -38,9 +38,8 @@ def _lines(results, section: str, key: str, scale: float, h: int, ylabel: str, t
     ax.set_xticks(Ls, [str(L) for L in Ls])
     ax.xaxis.set_minor_formatter(NullFormatter())  # label only the measured lengths
     ax.grid(True, which="major", alpha=0.3)
-    ax.legend(fontsize=8)
-    plt.close(fig)
-    return fig
+    legend_outside(ax)
+    return check(fig)
 
 
 def time_vs_length(results: BenchResults | dict, h: int = TARGET_H) -> Figure:
@@ -65,25 +64,24 @@ def implementations_bar(results: BenchResults | dict, L: int | None = None, h: i
     if not rows:
         raise ValueError(f"no forward measurements at L={L}, h={h}")
     ms = np.array([r["seconds"] * 1e3 for r in rows])
-    fig, ax = plt.subplots(figsize=(6.8, 0.5 * len(rows) + 1.2))
+    fig, ax = new_figure(0.5 * len(rows) + 1.4)
     ax.barh([f"{r['impl']} ({r['dtype']})" for r in rows], ms, color="tab:blue")
     for y, (r, t) in enumerate(zip(rows, ms, strict=True)):
         share = f"  {r['gemm_fraction']:.0%} of GEMM" if r.get("gemm_fraction") else ""
-        ax.text(t, y, f" {t:.0f} ms{share}", va="center", fontsize=8)
+        ax.text(t, y, f" {t:.0f} ms{share}", va="center")
     ax.set_xscale("log")
     ax.set_xlim(ms.min() / 2, ms.max() * 8)
     ax.invert_yaxis()
     ax.set(xlabel="median forward time (ms, log scale)",
            title=f"B = {rows[0]['B']}, L = {L}, d_model = {rows[0]['d_model']}, h = {h}")
     ax.grid(True, axis="x", which="major", alpha=0.3)
-    plt.close(fig)
-    return fig
+    return check(fig)
 
 
 def save_figures(results: BenchResults | dict, out: Path) -> list[Path]:
-    """Write the three figures above as PNGs into the folder ``out``; returns their paths."""
+    """Write the three figures above as PNGs (2x) into the folder ``out``; returns their paths."""
     paths = []
     for make in (time_vs_length, memory_vs_length, implementations_bar):
         paths.append(Path(out) / f"{make.__name__}.png")
-        make(results).savefig(paths[-1], dpi=120, bbox_inches="tight")
+        make(results).savefig(paths[-1], dpi=192)
     return paths

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
 
@@ -16,6 +15,7 @@ from mha_lab.analysis import MODEL_CONFIGS, ModelConfig, flops_breakdown, gib, k
 from mha_lab.bench import chunked_forward
 from mha_lab.cpu import MultiHeadAttention, head_by_head_forward
 from mha_lab.measure import fit_exponent, peak_memory
+from mha_lab.plots.style import check, legend_outside, new_figure
 from mha_lab.tables import markdown_table
 
 __all__ = [
@@ -28,13 +28,12 @@ _GROUPS = {"projections": ("proj_q", "proj_kv", "proj_o"), "attention core (QK^T
            "softmax": ("softmax",)}
 
 
-def _finish(fig: Figure, ax, legend_size: float | None = None, **labels) -> Figure:
-    """Label the axes, add grid and legend, and detach the figure from pyplot so it displays once."""
+def _finish(fig: Figure, ax, legend: str = "right", **labels) -> Figure:
+    """Label the axes, add a grid and a legend beside the plot, and check the figure's style."""
     ax.set(**labels)
     ax.grid(True, which="major", alpha=0.3)
-    ax.legend(fontsize=legend_size)
-    plt.close(fig)
-    return fig
+    legend_outside(ax, legend)
+    return check(fig)
 
 
 def flops_table(sizes: Iterable[tuple[int, int, int, int]], softmax_flops: int = 5) -> str:
@@ -94,7 +93,7 @@ def plot_flops_vs_length(d_model: int = 4096, n_heads: int = 32, lengths: Sequen
     The core (:math:`4L^2d`) overtakes the projections (:math:`8Ld^2`) at :math:`L = 2d`.
     """
     L = np.asarray(lengths if lengths is not None else np.geomspace(128, 16 * d_model, 40).astype(int))
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    fig, ax = new_figure(3.8)
     for label, keys in _GROUPS.items():
         ax.loglog(L, [sum(flops_breakdown(1, int(n), d_model, n_heads)[k] for k in keys) for n in L], label=label)
     ax.axvline(2 * d_model, color="gray", linestyle="--", linewidth=1)
@@ -108,12 +107,12 @@ def plot_kv_cache_vs_context(lengths: Sequence[int] | None = None, dtype="float1
                              configs: Iterable[ModelConfig] | None = None) -> Figure:
     """KV cache of one sequence against context length, one line per model, log-log, in GiB."""
     L = np.asarray(lengths if lengths is not None else np.geomspace(256, 131072, 50).astype(int))
-    fig, ax = plt.subplots(figsize=(6.8, 4.4))
+    fig, ax = new_figure(4.6)
     for c in configs or MODEL_CONFIGS.values():
         style = {"MHA": "-", "GQA": "--", "MQA": ":"}[c.kind]
         ax.loglog(L, [gib(kv_cache_bytes(c, int(n), dtype=dtype)) for n in L], style,
                   label=f"{c.name} ({c.kind}, {c.n_kv_heads} KV heads)")
-    return _finish(fig, ax, legend_size=8, xlabel="context length (tokens)",
+    return _finish(fig, ax, legend="below", xlabel="context length (tokens)",
                    ylabel=f"KV cache per sequence (GiB, {dtype})", title="KV cache against context length")
 
 
@@ -142,7 +141,7 @@ def peak_memory_vs_length(lengths: Sequence[int] = (128, 256, 512, 1024, 2048), 
 
 def plot_peak_memory(lengths: Sequence[int], peaks: dict[str, Sequence[int]], fit_from: int = 512) -> Figure:
     """Measured peak memory against L, log-log, with the exponent k of a fit :math:`c L^k` per method."""
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    fig, ax = new_figure(3.8)
     L = np.asarray(lengths)
     for name, ys in peaks.items():
         ys = np.asarray(ys) / 2**20
@@ -162,9 +161,9 @@ def plot_time_vs_length(lengths: Sequence[int], seconds: Sequence[float], d_mode
     core = np.array([(lambda f: f["qk"] + f["av"] + f["softmax"])(flops_breakdown(batch_size, int(n), d_model,
                                                                                    n_heads)) for n in L])
     k = fit_exponent(L, t)
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    fig, ax = new_figure(3.8)
     ax.loglog(L, t * 1e3, "o-", label=f"measured (log-log fit: L^{k:.2f})")
     ax.loglog(L, flops * t[-1] / flops[-1] * 1e3, "--", label="count_flops, scaled to the last point")
     ax.loglog(L, core * t[-1] / flops[-1] * 1e3, ":", label="its L² part (core + softmax)")
-    return _finish(fig, ax, xlabel="sequence length L (tokens)", ylabel="forward time (ms)",
+    return _finish(fig, ax, legend="below", xlabel="sequence length L (tokens)", ylabel="forward time (ms)",
                    title=f"B = {batch_size}, d_model = {d_model}, h = {n_heads}")

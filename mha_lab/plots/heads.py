@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
 
+from mha_lab.plots.style import FIGURE_WIDTH_IN, check, legend_outside, new_figure
 from mha_lab.toy import ToyBatch, ToyModel, ToyRun
 
 __all__ = ["plot_attention_heads", "plot_toy_heads", "plot_toy_training"]
@@ -26,21 +26,22 @@ def plot_attention_heads(weights: np.ndarray, labels: Sequence[str] | None = Non
     h, L_q, L_k = weights.shape
     if titles is not None and len(titles) != h:
         raise ValueError(f"got {len(titles)} titles for {h} heads")
-    size = (1.8 + (1.2 + 0.3 * L_k) * h, 1.9 + 0.3 * L_q)  # inches: grows with the number of cells
-    fig, axes = plt.subplots(1, h, figsize=size, squeeze=False, layout="constrained")
+    panel = (FIGURE_WIDTH_IN - 1.4) / h  # inches per heat map, the colour bar takes the rest
+    height = 1.6 + panel * L_q / L_k + (0.4 if labels is not None else 0.0)
+    fig, axes = new_figure(height, 1, h, squeeze=False)
     for i, ax in enumerate(axes[0]):
         im = ax.imshow(weights[i], vmin=0.0, vmax=1.0, cmap="viridis")
         ax.set_title(titles[i] if titles else f"head {i}")
-        ax.set_xlabel("key position (attended to)")
+        ax.set_xlabel("key position")
         ax.set_ylabel("query position")
         if labels is not None:
             ax.set_xticks(range(L_k), labels[:L_k], rotation=90)
             ax.set_yticks(range(L_q), labels[-L_q:])
         if annotate:
             for (r, c), w in np.ndenumerate(weights[i]):
-                ax.text(c, r, f"{w:.2f}", ha="center", va="center", color="w" if w < 0.6 else "k", fontsize=8)
-    fig.colorbar(im, ax=axes[0].tolist(), label="attention weight (0 to 1)", shrink=0.8)
-    return fig
+                ax.text(c, r, f"{w:.2f}", ha="center", va="center", color="w" if w < 0.6 else "k", fontsize=10)
+    fig.colorbar(im, ax=axes[0].tolist(), label="attention weight", shrink=0.8)
+    return check(fig)
 
 
 def plot_toy_heads(model: ToyModel, batch: ToyBatch, index: int = 0) -> Figure:
@@ -59,18 +60,18 @@ def plot_toy_heads(model: ToyModel, batch: ToyBatch, index: int = 0) -> Figure:
         ax.scatter(rows + n - 1, rows, s=120, facecolors="none", edgecolors="tab:red", label="previous position")
         ax.scatter(batch.match_pos[index], rows, s=60, marker="x", color="tab:orange", label="matching letter")
     handles, names = fig.axes[0].get_legend_handles_labels()
-    fig.legend(handles, names, loc="outside lower center", ncol=2, fontsize=8)
-    return fig
+    fig.legend(handles, names, loc="outside lower center", ncol=2)
+    return check(fig)
 
 
 def plot_toy_training(runs: Mapping[str, ToyRun]) -> Figure:
     """Training loss against step for several toy runs (e.g. 1 head vs 2 heads), log scale."""
-    fig, ax = plt.subplots(figsize=(5.5, 3.2), constrained_layout=True)
+    fig, ax = new_figure(3.8)
     for name, run in runs.items():
         ax.plot(np.arange(1, len(run.losses) + 1), run.losses, label=f"{name}: both digits right "
-                f"{100 * run.accuracy['both']:.1f}%")
+                f"{100 * run.accuracy['both']:.0f}%")
     ax.set_yscale("log")
     ax.set_xlabel("training step (one batch each)")
-    ax.set_ylabel("loss (nats, sum of two cross-entropies)")
-    ax.legend()
-    return fig
+    ax.set_ylabel("loss (nats, two cross-entropies)")
+    legend_outside(ax, "below", ncol=len(runs))
+    return check(fig)

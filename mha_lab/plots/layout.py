@@ -11,6 +11,7 @@ from matplotlib.ticker import NullFormatter, ScalarFormatter
 
 from mha_lab.cpu import MultiHeadAttention, per_head_attention, split_heads
 from mha_lab.measure import interleaved_times
+from mha_lab.plots.style import check, legend_outside, new_figure
 
 __all__ = ["describe_layout", "plot_head_split_layout", "time_loop_vs_fused", "plot_loop_vs_fused"]
 
@@ -39,21 +40,22 @@ def plot_head_split_layout(seq_len: int = 3, num_heads: int = 2, d_k: int = 3) -
     view = split_heads(offsets, num_heads)[0]  # (1, L, d_model) -> (h, L, d_k), a strided view
     head_of = np.arange(d_model) // d_k  # (d_model,)
     visit = view.reshape(-1)  # C order of the view: a copy, listing offsets in visiting order
-    fig, axes = plt.subplots(2, 1, figsize=(max(6.0, 0.45 * visit.size), 2.8), layout="constrained")
+    fig, axes = new_figure(3.2, 2, 1)
     cmap = plt.get_cmap("tab10")
     rows = (("in memory: Q as (L, d_model)", np.arange(visit.size)), ("visit order of the view (h, L, d_k)", visit))
     for ax, (title, order) in zip(axes, rows, strict=True):
         for k, off in enumerate(order):
             token, feature = divmod(int(off), d_model)
             ax.add_patch(plt.Rectangle((k, 0), 1, 1, color=cmap(head_of[feature]), alpha=0.35 + 0.65 * (token % 2)))
-            ax.text(k + 0.5, 0.5, str(off), ha="center", va="center", fontsize=8)
+            ax.text(k + 0.5, 0.5, str(off), ha="center", va="center", fontsize=10)
         ax.set_xlim(0, visit.size)
         ax.set_ylim(0, 1)
         ax.set_yticks([])
-        ax.set_title(title, fontsize=10)
-    axes[1].set_xlabel("step of the walk (cell text: offset in memory, elements; x8 for bytes in float64)")
-    axes[0].set_xlabel("offset in memory (elements); colour = head, shade alternates by token")
-    return fig
+        ax.set_xticks([])
+        ax.set_title(title, fontsize=11)
+    axes[1].set_xlabel("step of the walk; each cell shows its offset in memory (elements)")
+    axes[0].set_xlabel("offset in memory (elements); colour: head, shade: token")
+    return check(fig)
 
 
 def time_loop_vs_fused(head_counts: Sequence[int] = (1, 2, 4, 8, 16, 32, 64), batch_size: int = 2,
@@ -79,15 +81,15 @@ def time_loop_vs_fused(head_counts: Sequence[int] = (1, 2, 4, 8, 16, 32, 64), ba
 def plot_loop_vs_fused(records: Sequence[dict[str, float]]) -> Figure:
     """Wall time of the per-head loop and of the fused layer against the number of heads (log-log)."""
     h = [r["heads"] for r in records]
-    fig, ax = plt.subplots(figsize=(5.5, 3.4), layout="constrained")
-    ax.plot(h, [1e3 * r["loop_s"] for r in records], "o-", label="loop over heads (per_head_attention)")
-    ax.plot(h, [1e3 * r["fused_s"] for r in records], "s-", label="fused (MultiHeadAttention.forward)")
+    fig, ax = new_figure(3.8)
+    ax.plot(h, [1e3 * r["loop_s"] for r in records], "o-", label="loop over heads")
+    ax.plot(h, [1e3 * r["fused_s"] for r in records], "s-", label="fused layer")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xticks(h, [str(x) for x in h])
     ax.yaxis.set_major_formatter(ScalarFormatter())
     ax.yaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("number of heads h (d_model fixed)")
-    ax.set_ylabel("median wall time per forward (ms)")
-    ax.legend()
-    return fig
+    ax.set_ylabel("median time per forward (ms)")
+    legend_outside(ax)
+    return check(fig)

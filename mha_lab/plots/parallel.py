@@ -14,6 +14,7 @@ from matplotlib.ticker import MaxNLocator
 from mha_lab.analysis import MODEL_CONFIGS, dtype_bytes
 from mha_lab.cpu import GroupedQueryAttention
 from mha_lab.parallel import allreduce_bytes, shard_layer, weights_per_device
+from mha_lab.plots.style import check, legend_outside, new_figure
 
 __all__ = ["plot_weight_split", "plot_tp_memory_and_traffic"]
 
@@ -49,7 +50,7 @@ def plot_weight_split(d_model: int = 32, num_heads: int = 8, num_kv_heads: int |
     colors = plt.get_cmap("tab10").colors[:world_size]
     cmap = ListedColormap(["0.75", *colors])  # index 0: replicated, 1..N: devices
     widths = [max(p[1].shape[1], d_model // 2) for p in panels]  # room for the titles of narrow K/V panels
-    fig, axes = plt.subplots(1, 4, figsize=(11, 3.6), gridspec_kw={"width_ratios": widths})
+    fig, axes = new_figure(3.6, 1, 4, gridspec_kw={"width_ratios": widths})
     for ax, (name, owner, how) in zip(axes, panels, strict=True):
         ax.imshow(np.where(owner == _REPLICATED, 0, owner + 1), cmap=cmap, vmin=0, vmax=world_size,
                   interpolation="nearest", aspect="equal")
@@ -57,20 +58,16 @@ def plot_weight_split(d_model: int = 32, num_heads: int = 8, num_kv_heads: int |
             ax.contourf(owner == _REPLICATED, levels=[0.5, 1.5], colors="none", hatches=["//"])
         if (owner == _REPLICATED).all():
             how = "replicated"
-        ax.set_title(f"{name}\n{owner.shape}\n{how}", fontsize=8)
-        ax.xaxis.set_major_locator(MaxNLocator(nbins=3, integer=True))
-        ax.set_xlabel("column", fontsize=8)
-        ax.set_ylabel("row", fontsize=8)
-        ax.tick_params(labelsize=7)
+        ax.set_title(f"{name} {owner.shape}\n{how}", fontsize=10)
+        ax.xaxis.set_major_locator(MaxNLocator(nbins=2, integer=True))
+        ax.set_xlabel("column")
+        ax.set_ylabel("row" if name == "W_Q" else "")
     handles = [Patch(color=c, label=f"device {r}") for r, c in enumerate(colors)]
     if any((p[1] == _REPLICATED).any() for p in panels):
         handles.append(Patch(facecolor="0.75", hatch="//", label="replicated on several devices"))
-    fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=8)
-    fig.suptitle(f"d_model = {d_model}, {num_heads} query heads, {g} K/V heads, split over {world_size} devices",
-                 fontsize=10)
-    fig.tight_layout(rect=(0, 0.08, 1, 0.95))
-    plt.close(fig)
-    return fig
+    fig.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), 3))
+    fig.suptitle(f"d_model = {d_model}, h = {num_heads}, h_kv = {g}, over {world_size} devices")
+    return check(fig)
 
 
 def plot_tp_memory_and_traffic(model: str = "Llama-2-70B", seq_len: int = 4096, batch_size: int = 1,
@@ -81,14 +78,13 @@ def plot_tp_memory_and_traffic(model: str = "Llama-2-70B", seq_len: int = 4096, 
     size = dtype_bytes(dtype)
     held = [weights_per_device(c.d_model, c.n_heads, c.n_kv_heads, int(n)) * size / 2**20 for n in N]
     sent = [allreduce_bytes(batch_size, seq_len, c.d_model, int(n), dtype)["ring_per_device"] / 2**20 for n in N]
-    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    fig, ax = new_figure(3.8)
     x = np.arange(len(N))
     ax.bar(x - 0.2, held, width=0.4, label="attention weights held")
-    ax.bar(x + 0.2, sent, width=0.4, label=f"sent in the all-reduce (B={batch_size}, L={seq_len})")
+    ax.bar(x + 0.2, sent, width=0.4, label=f"sent in the all-reduce\n(B = {batch_size}, L = {seq_len})")
     ax.set_xticks(x, [str(n) for n in N])
     ax.set(xlabel="devices N (tensor-parallel size)", ylabel=f"MiB per device per layer ({dtype})",
            title=f"{model}: one attention layer")
-    ax.legend()
+    legend_outside(ax)
     ax.grid(True, axis="y", alpha=0.3)
-    plt.close(fig)
-    return fig
+    return check(fig)
