@@ -9,68 +9,26 @@ from __future__ import annotations
 
 import copy
 import html
-import importlib
 import re
 import shutil
-import sys
 from pathlib import Path
 
 import nbformat
 import pytest
 
+from mha_lab.classroom import answer_cell, fill_release, mutants, submit
 from mha_lab.grading import batch, remote
 
 REPO = Path(__file__).resolve().parents[1]
 ASSIGNMENTS = sorted(p.name for p in (REPO / "solutions").iterdir() if (p / f"{p.name}.ipynb").is_file())
 REFERENCE_STUDENTS = ("reference-1", "reference-2")
 RELEASE_STUDENT = "release"
-SOLUTION_LINE = re.compile(r"^\s*### (BEGIN|END) SOLUTION\s*$")
-
-if str(REPO) not in sys.path:  # tests/mutants is imported as the package ``tests.mutants``
-    sys.path.insert(0, str(REPO))
-
-
-def mutants(assignment: str) -> list:
-    if not (REPO / "tests" / "mutants" / f"{assignment}.py").is_file():
-        return []
-    return importlib.import_module(f"tests.mutants.{assignment}").MUTANTS
-
 
 def mutant_student(index: int) -> str:
     return f"mutant-{index:02d}"
 
 
 CASES = [(a, i, m) for a in ASSIGNMENTS for i, m in enumerate(mutants(a))]
-
-
-def fill_release(release: nbformat.NotebookNode, solution: nbformat.NotebookNode,
-                 edits: dict[str, str] | None = None) -> nbformat.NotebookNode:
-    """A student's submission: the release with every answer cell written as in the solution."""
-    answers = {}
-    for cell in solution.cells:
-        meta = cell.metadata.get("nbgrader", {})
-        if meta.get("solution") and not meta.get("grade"):
-            source = (edits or {}).get(meta["grade_id"], cell.source)
-            answers[meta["grade_id"]] = "\n".join(ln for ln in source.split("\n") if not SOLUTION_LINE.match(ln))
-    filled = nbformat.from_dict(release)
-    for cell in filled.cells:
-        grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
-        if grade_id in answers:
-            cell.source = answers[grade_id]
-    return filled
-
-
-def answer_cell(solution: nbformat.NotebookNode, grade_id: str) -> str:
-    for cell in solution.cells:
-        if cell.metadata.get("nbgrader", {}).get("grade_id") == grade_id:
-            return cell.source
-    raise KeyError(f"no cell {grade_id!r} in the solution")
-
-
-def submit(course: Path, student: str, assignment: str, nb: nbformat.NotebookNode) -> None:
-    folder = course / "submitted" / student / assignment
-    folder.mkdir(parents=True, exist_ok=True)
-    nbformat.write(nb, folder / f"{assignment}.ipynb")
 
 
 @pytest.fixture(scope="module")

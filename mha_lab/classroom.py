@@ -1,0 +1,292 @@
+"""A class of submissions built from the course's own notebooks, each knowing the score it deserves.
+
+An honest student fills the release with the solution's answers; a buggy one carries one
+mutant of ``tests/mutants/`` (it loses exactly the points of the cells the mutant breaks); a
+blank one hands in the release; a hostile one carries an attack of ``tests/adversarial/``
+(it deserves no more than the blank release). The grader's test suite and ``grade-bench``
+build their classes here and run the real grading command on them.
+"""
+
+from __future__ import annotations
+
+import ast
+import csv
+import importlib
+import importlib.util
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+import nbformat
+
+__all__ = ["REPO", "Target", "Attack", "Student", "new_course", "read_notebook", "points", "fill_release",
+           "answer_cell", "submit", "mutants", "attacks", "honest", "blank", "buggy", "hostile", "run_grader",
+           "read_grades"]
+
+REPO = Path(__file__).resolve().parents[1]  # a clone: solutions/, assignments/, tests/mutants, tests/adversarial
+SOLUTION_LINE = re.compile(r"^\s*### (BEGIN|END) SOLUTION\s*$")
+GRADER = ("-m", "mha_lab.grading.batch")  # python -m ... <assignment> --course DIR --jobs N --timeout S
+
+
+# --- the course ---------------------------------------------------------------------------------
+
+
+def new_course(root: Path, assignments: Sequence[str]) -> Path:
+    """A course folder as an instructor has it: nbgrader_config.py, the sources and the releases."""
+    root.mkdir(parents=True, exist_ok=True)
+    shutil.copy(REPO / "nbgrader_config.py", root)
+    for a in assignments:
+        for folder in ("solutions", "assignments"):
+            shutil.copytree(REPO / folder / a, root / folder / a, dirs_exist_ok=True)
+        _register(root, a)
+    return root
+
+
+def _register(course: Path, assignment: str) -> None:
+    """Enter the assignment in the gradebook, which the grading command does not do by itself yet."""
+    env = {**os.environ, "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")}
+    proc = subprocess.run([sys.executable, "-m", "nbgrader", "generate_assignment", assignment, "--force"],
+                          cwd=course, env=env, capture_output=True, text=True, timeout=300)
+    if proc.returncode != 0:
+        raise RuntimeError(f"nbgrader generate_assignment {assignment} failed:\n{proc.stdout}\n{proc.stderr}")
+
+
+def read_notebook(course: Path, folder: str, assignment: str) -> nbformat.NotebookNode:
+    """``<course>/<folder>/<assignment>/<assignment>.ipynb``; folder is "solutions" or "assignments"."""
+    return nbformat.read(course / folder / assignment / f"{assignment}.ipynb", as_version=4)
+
+
+def points(nb: nbformat.NotebookNode) -> dict[str, float]:
+    """grade_id -> points of every graded cell of a notebook."""
+    return {c.metadata["nbgrader"]["grade_id"]: float(c.metadata["nbgrader"].get("points", 0))
+            for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade")}
+
+
+def answer_cell(solution: nbformat.NotebookNode, grade_id: str) -> str:
+    """The source of the solution's cell ``grade_id``."""
+    for cell in solution.cells:
+        if cell.metadata.get("nbgrader", {}).get("grade_id") == grade_id:
+            return cell.source
+    raise KeyError(f"no cell {grade_id!r} in the solution")
+
+
+def fill_release(release: nbformat.NotebookNode, solution: nbformat.NotebookNode,
+                 edits: dict[str, str] | None = None) -> nbformat.NotebookNode:
+    """A student's notebook: the release with every answer cell written as in the solution (or ``edits``)."""
+    answers = {}
+    for cell in solution.cells:
+        meta = cell.metadata.get("nbgrader", {})
+        if meta.get("solution") and not meta.get("grade"):
+            source = (edits or {}).get(meta["grade_id"], cell.source)
+            answers[meta["grade_id"]] = "\n".join(ln for ln in source.split("\n") if not SOLUTION_LINE.match(ln))
+    filled = nbformat.from_dict(release)
+    for cell in filled.cells:
+        grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
+        if grade_id in answers:
+            cell.source = answers[grade_id]
+    return filled
+
+
+def submit(course: Path, student: str, assignment: str, nb: nbformat.NotebookNode) -> Path:
+    """Write ``submitted/<student>/<assignment>/<assignment>.ipynb``; returns the submission folder."""
+    folder = course / "submitted" / student / assignment
+    folder.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, folder / f"{assignment}.ipynb")
+    return folder
+
+
+def _import_from_repo(name: str) -> ModuleType:
+    if str(REPO) not in sys.path:  # ``tests`` is a namespace package of the clone
+        sys.path.insert(0, str(REPO))
+    return importlib.import_module(name)
+
+
+def mutants(assignment: str) -> list:
+    """The one-bug variants of ``tests/mutants/<assignment>.py`` (empty when there is none)."""
+    if not (REPO / "tests" / "mutants" / f"{assignment}.py").is_file():
+        return []
+    return _import_from_repo(f"tests.mutants.{assignment}").MUTANTS
+
+
+# --- attacks ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Target:
+    """What an attack is told: its marker, the loopback port to leak to, the course, the repo, a pid to spare.
+
+    Every process an attack starts carries ``marker`` in its environment (``MHA_LAB_ATTACK``) or argv.
+    ``protect`` is the process that runs the grader (a test or the benchmark): killing it would stop the
+    measurement, not the grader.
+    """
+
+    marker: str
+    port: int
+    course: str
+    repo: str
+    protect: int
+
+
+@dataclass(frozen=True)
+class Attack:
+    """A hostile submission from ``tests/adversarial/<name>.py``.
+
+    The module's docstring says what it does and what stops it. Its function ``cell(marker, port,
+    course, repo, protect)`` is not called: its body becomes code in the notebook, in the first
+    answer cell (``EVERY_ANSWER_CELL = True``: in place of every answer cell's stub). An optional
+    ``prepare(folder, nb, target)`` edits the notebook or adds files to the submission folder.
+    """
+
+    name: str
+    assignment: str
+    summary: str
+    code: str
+    every_answer_cell: bool
+    prepare: Callable | None
+
+    def notebook(self, release: nbformat.NotebookNode, target: Target) -> nbformat.NotebookNode:
+        """The release with the attack's code in, told its target, with a child process that must not outlive it."""
+        header = textwrap.dedent(f"""\
+            import os as _os
+            import subprocess as _subprocess
+            _os.environ["MHA_LAB_ATTACK"] = {target.marker!r}  # every process it starts carries the marker
+            try:  # a plain child process: it must die with the submission
+                _subprocess.Popen(["sleep", "3600"], stdin=_subprocess.DEVNULL, stdout=_subprocess.DEVNULL,
+                                  stderr=_subprocess.DEVNULL)
+            except OSError:
+                pass
+            marker, port, course, repo, protect = {target.marker!r}, {target.port}, {target.course!r}, \\
+                {target.repo!r}, {target.protect}
+            """)
+        nb = nbformat.from_dict(release)
+        answers = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("solution")
+                   and not c.metadata["nbgrader"].get("grade")]
+        if self.every_answer_cell:
+            for cell in answers:
+                cell.source = self.code
+            answers[0].source = header + self.code
+        else:
+            answers[0].source = header + self.code + "\n\n" + answers[0].source
+        return nb
+
+
+def _body(module: ModuleType, path: Path) -> str:
+    """The source of the body of ``module.cell``, dedented."""
+    tree = ast.parse(path.read_text())
+    fn = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "cell"), None)
+    if fn is None:
+        raise ValueError(f"{path} defines no function cell(marker, port, course, repo, protect)")
+    lines = path.read_text().splitlines()[fn.body[0].lineno - 1:fn.body[-1].end_lineno]
+    return textwrap.dedent("\n".join(lines)) + "\n"
+
+
+def attacks(folder: Path = REPO / "tests" / "adversarial") -> list[Attack]:
+    """Every attack of ``tests/adversarial/``, in name order."""
+    found = []
+    for path in sorted(folder.glob("[!_]*.py")):
+        spec = importlib.util.spec_from_file_location(f"_attack_{path.stem}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)  # the module only defines functions: nothing hostile runs here
+        doc = (module.__doc__ or "").strip()
+        if not doc:
+            raise ValueError(f"{path} needs a docstring: what the attack does, and what stops it")
+        found.append(Attack(path.stem, getattr(module, "ASSIGNMENT", "ps1_per_head_loop"), doc.splitlines()[0],
+                            _body(module, path), getattr(module, "EVERY_ANSWER_CELL", False),
+                            getattr(module, "prepare", None)))
+    return found
+
+
+# --- a class ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Student:
+    """A submission and the score it deserves (``at_most``: a hostile one may get less, never more)."""
+
+    name: str
+    kind: str  # honest | buggy | blank | hostile
+    expected: float
+    at_most: bool = False
+
+
+def honest(course: Path, name: str, assignment: str, secret: str = "") -> Student:
+    """The solution's answers; ``secret`` is a comment line in the first answer, which no one else may see."""
+    solution, release = read_notebook(course, "solutions", assignment), read_notebook(course, "assignments", assignment)
+    nb = fill_release(release, solution)
+    if secret:
+        first = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("solution"))
+        first.source = f"# {secret}\n{first.source}"
+    submit(course, name, assignment, nb)
+    return Student(name, "honest", sum(points(solution).values()))
+
+
+def blank(course: Path, name: str, assignment: str) -> Student:
+    """The release as handed out."""
+    submit(course, name, assignment, read_notebook(course, "assignments", assignment))
+    return Student(name, "blank", 0.0)
+
+
+def buggy(course: Path, name: str, assignment: str, index: int) -> Student:
+    """The solution with mutant ``index`` of ``tests/mutants/<assignment>.py`` in."""
+    found = mutants(assignment)
+    if not found:
+        raise ValueError(f"no mutants for {assignment} in tests/mutants/")
+    m = found[index % len(found)]
+    solution, release = read_notebook(course, "solutions", assignment), read_notebook(course, "assignments", assignment)
+    submit(course, name, assignment, fill_release(release, solution, {m.grade_id: m.apply(answer_cell(solution,
+                                                                                                     m.grade_id))}))
+    scores = points(solution)
+    return Student(name, "buggy", sum(scores.values()) - sum(scores[g] for g in m.breaks))
+
+
+def hostile(course: Path, name: str, attack: Attack, target: Target) -> Student:
+    """The release with ``attack`` in; it deserves no more than the blank release."""
+    folder = submit(course, name, attack.assignment,
+                    attack.notebook(read_notebook(course, "assignments", attack.assignment), target))
+    if attack.prepare is not None:
+        nb = nbformat.read(folder / f"{attack.assignment}.ipynb", as_version=4)
+        attack.prepare(folder, nb, target)
+    return Student(name, "hostile", 0.0, at_most=True)
+
+
+# --- grading ------------------------------------------------------------------------------------
+
+
+def run_grader(course: Path, assignment: str, *, jobs: int = 2, timeout: float = 60, limit: float = 900,
+               extra: Sequence[str] = ()) -> tuple[subprocess.CompletedProcess | None, float]:
+    """Run the grading command on the course as an instructor would; returns (process, wall seconds).
+
+    The process is None when it ran past ``limit`` seconds: then its whole process group is killed.
+    """
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+           "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")}
+    cmd = [sys.executable, *GRADER, assignment, "--course", str(course), "--jobs", str(jobs),
+           "--timeout", str(timeout), *extra]
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=course, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            errors="replace", start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=limit)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        return None, time.perf_counter() - start
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err), time.perf_counter() - start
+
+
+def read_grades(course: Path, assignment: str) -> list[dict[str, str]]:
+    """The rows of ``grades_<assignment>.csv`` (every column as text); [] when the file is missing."""
+    path = course / f"grades_{assignment}.csv"
+    if not path.is_file():
+        return []
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))

@@ -1,0 +1,404 @@
+"""Hostile submissions against the grader: every attack of ``tests/adversarial/`` in a class of honest students.
+
+One batch per assignment (most attacks are on ps1): two honest students, a blank one, a buggy one and
+the attackers, graded with the real command and ``--jobs 2``. For each attack: the batch finishes,
+every other student's grade is exact (CSV and gradebook), the attacker scores no more than the blank
+release, no file outside the sandbox's scratch changed (the course, and this repository's mha_lab/,
+tests/hidden/ and solutions/), none of its processes survive (each carries a marker in its environment
+or argv), the loopback listener received nothing, and no feedback shows a hidden check, a solution or
+a classmate's work. Whatever an attack writes into this repository is put back afterwards.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import html
+import os
+import re
+import signal
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from mha_lab import classroom
+from mha_lab.classroom import REPO, Attack, Student, Target
+
+ATTACKS = classroom.attacks()
+ASSIGNMENTS = sorted({a.assignment for a in ATTACKS})
+TIMEOUT = 60  # seconds per submission, the grader's --timeout
+LIMIT = 900  # seconds for one whole batch before it counts as stalled
+PROTECTED = ("mha_lab", "tests/hidden", "solutions")  # this repository's folders the grader trusts
+GRADER_OUTPUTS = re.compile(r"^(gradebook\.db.*|grades.*\.csv|feedback|autograded|\.nbgrader\.log|dask-worker-space)$")
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(LIMIT + 300),
+              pytest.mark.skipif(not (REPO / "mha_lab" / "grading" / "__main__.py").is_file(),
+                                 reason="the batch grader runs student code unconfined: it would harm this machine")]
+
+
+class Listener:
+    """A TCP and a UDP socket on one loopback port, recording every byte anyone sends them."""
+
+    def __init__(self) -> None:
+        self.tcp = socket.create_server(("127.0.0.1", 0))
+        self.port = self.tcp.getsockname()[1]
+        self.udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.udp.bind(("127.0.0.1", self.port))
+        self.received: list[bytes] = []
+        self.connections = 0
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._accept, daemon=True),
+                         threading.Thread(target=self._datagrams, daemon=True)]
+        for t in self._threads:
+            t.start()
+
+    def _accept(self) -> None:
+        self.tcp.settimeout(0.2)
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.tcp.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            self.connections += 1
+            with conn:
+                conn.settimeout(5)
+                chunks = []
+                try:
+                    while chunk := conn.recv(1 << 16):
+                        chunks.append(chunk)
+                except OSError:
+                    pass
+                self.received.append(b"".join(chunks))
+
+    def _datagrams(self) -> None:
+        self.udp.settimeout(0.2)
+        while not self._stop.is_set():
+            try:
+                self.received.append(self.udp.recv(1 << 16))
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+
+    def close(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=5)
+        self.tcp.close()
+        self.udp.close()
+
+
+def _files(root: Path, skip: re.Pattern | None = None) -> dict[str, str]:
+    """relative path -> sha256 of every file under root (links by their target, not followed)."""
+    found = {}
+    for folder, dirs, names in os.walk(root):
+        rel = Path(folder).relative_to(root)
+        dirs[:] = [d for d in dirs if d != "__pycache__" and not (skip and rel == Path(".") and skip.match(d))]
+        for name in names:
+            if skip and rel == Path(".") and skip.match(name):
+                continue
+            path = Path(folder) / name
+            if path.is_symlink():
+                digest = "link:" + os.readlink(path)
+            else:
+                h = hashlib.sha256()
+                with open(path, "rb") as f:
+                    while block := f.read(1 << 22):
+                        h.update(block)
+                digest = h.hexdigest()
+            found[str(rel / name)] = digest
+    return found
+
+
+def _snapshot(course: Path) -> dict[str, dict[str, str]]:
+    shot = {str(REPO / p): _files(REPO / p) for p in PROTECTED}
+    shot[str(course)] = _files(course, skip=GRADER_OUTPUTS)
+    return shot
+
+
+def _changes(before: dict[str, dict[str, str]], after: dict[str, dict[str, str]]) -> list[str]:
+    changed = []
+    for root, files in before.items():
+        now = after[root]
+        changed += [f"{root}/{p}" for p in sorted(files.keys() | now.keys()) if files.get(p) != now.get(p)]
+    return changed
+
+
+def _containing(marker: str, paths: list[str]) -> list[str]:
+    """The paths (changed files) that name ``marker`` or hold it."""
+    found = []
+    for p in paths:
+        path = Path(p)
+        if marker in path.name:
+            found.append(p)
+        elif path.is_file() and not path.is_symlink() and path.stat().st_size < 2**26:
+            if marker.encode() in path.read_bytes():
+                found.append(p)
+    return found
+
+
+def _backup() -> dict[Path, bytes]:
+    return {p: p.read_bytes() for root in PROTECTED for p in (REPO / root).rglob("*")
+            if p.is_file() and "__pycache__" not in p.parts}
+
+
+def _restore(backup: dict[Path, bytes]) -> None:
+    """Put this repository's protected folders back as they were before the batch."""
+    for root in PROTECTED:
+        for p in sorted((REPO / root).rglob("*"), reverse=True):
+            if "__pycache__" in p.parts or p in backup:
+                continue
+            if p.is_file() or p.is_symlink():
+                p.unlink()
+    for p, data in backup.items():
+        if not p.is_file() or p.read_bytes() != data:
+            p.write_bytes(data)
+
+
+def _processes() -> dict[int, tuple[bytes, bytes, str]]:
+    """pid -> (argv, environment, working directory) of every process this user can read."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read()
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = f.read()
+            cwd = os.readlink(f"/proc/{entry}/cwd")
+        except OSError:
+            continue
+        found[int(entry)] = (argv, env, cwd)
+    return found
+
+
+def _describe(pid: int, argv: bytes) -> str:
+    return f"{pid} " + argv.replace(b"\0", b" ")[:200].decode(errors="replace")
+
+
+def _marked(marker: str, procs: dict[int, tuple[bytes, bytes, str]]) -> list[str]:
+    """The processes carrying ``marker`` in argv or environment, as 'pid argv'."""
+    key = marker.encode()
+    return [_describe(pid, argv) for pid, (argv, env, _) in procs.items() if key in argv or key in env]
+
+
+def _in_course(course: Path, procs: dict[int, tuple[bytes, bytes, str]]) -> list[str]:
+    """Processes still working in the course folder, or naming it in their argv."""
+    path = str(course)
+    return [_describe(pid, argv) for pid, (argv, _, cwd) in procs.items()
+            if cwd == path or cwd.startswith(path + os.sep) or path.encode() in argv]
+
+
+def _kill(lines: list[str]) -> None:
+    for line in lines:
+        try:
+            os.kill(int(line.split()[0]), signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def _planted(marker: str) -> list[Path]:
+    """Files an attack may have left outside the course and the repository: in $HOME, /tmp and site-packages."""
+    import site
+
+    places = [Path.home() / marker, Path("/tmp") / marker]
+    places += [Path(p) / f"{marker}.pth" for p in site.getsitepackages()]
+    return [p for p in places if p.exists()]
+
+
+def _text(path: Path) -> str:
+    return html.unescape(re.sub(r"<[^>]+>", "", path.read_text(errors="replace")))
+
+
+def _code_lines(text: str) -> set[str]:
+    """Lines long and specific enough that seeing one in feedback means the file leaked."""
+    return {s for s in (ln.strip() for ln in text.splitlines()) if len(s) >= 25 and s[0] not in "\"'#"}
+
+
+@dataclass
+class Batch:
+    """One graded class and everything observed around it."""
+
+    assignment: str
+    course: Path
+    students: dict[str, Student]
+    attacks: dict[str, Attack]
+    markers: dict[str, str]
+    secrets: dict[str, str]
+    finished: bool = False
+    returncode: int | None = None
+    log: str = ""
+    wall: float = 0.0
+    rows: dict[str, list[dict[str, str]]] = field(default_factory=dict)
+    gradebook: dict[str, tuple[float, float]] = field(default_factory=dict)
+    changed: list[str] = field(default_factory=list)
+    survivors: dict[str, list[str]] = field(default_factory=dict)
+    lingering: list[str] = field(default_factory=list)
+    planted: dict[str, list[Path]] = field(default_factory=dict)
+    written: dict[str, list[str]] = field(default_factory=dict)
+    received: list[bytes] = field(default_factory=list)
+    connections: int = 0
+
+    def feedback(self, student: str) -> str:
+        folder = self.course / "feedback" / student / self.assignment
+        return "".join(_text(p) for p in sorted(folder.glob("*.html"))) if folder.is_dir() else ""
+
+    def where(self) -> str:
+        return f"{self.assignment} batch ({self.wall:.0f} s, exit {self.returncode}); log tail:\n{self.log[-3000:]}"
+
+
+def _gradebook(course: Path, assignment: str, students: list[str]) -> dict[str, tuple[float, float]]:
+    from nbgrader.api import Gradebook, MissingEntry
+
+    scores = {}
+    if not (course / "gradebook.db").is_file():
+        return scores
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}", course_id="mha_lab") as gb:
+        for s in students:
+            try:
+                sub = gb.find_submission(assignment, s)
+            except MissingEntry:
+                continue
+            scores[s] = (float(sub.score), float(sub.max_score))
+    return scores
+
+
+def grade_batch(root: Path, assignment: str) -> Batch:
+    course = classroom.new_course(root / "course", [assignment])
+    token = uuid.uuid4().hex[:8]
+    secrets = {s: f"peer-secret-{token}-{s}" for s in ("honest-1", "honest-2")}
+    students = {s: classroom.honest(course, s, assignment, secret) for s, secret in secrets.items()}
+    students["blank"] = classroom.blank(course, "blank", assignment)
+    students["buggy"] = classroom.buggy(course, "buggy", assignment, 0)
+    listener = Listener()
+    chosen = {f"attack-{a.name}": a for a in ATTACKS if a.assignment == assignment}
+    markers = {s: f"mha-attack-{token}-{a.name}" for s, a in chosen.items()}
+    for s, a in chosen.items():
+        target = Target(markers[s], listener.port, str(course), str(REPO), os.getpid())
+        students[s] = classroom.hostile(course, s, a, target)
+    batch = Batch(assignment, course, students, chosen, markers, secrets)
+    backup, before = _backup(), _snapshot(course)
+    try:
+        proc, batch.wall = classroom.run_grader(course, assignment, jobs=2, timeout=TIMEOUT, limit=LIMIT)
+        batch.finished = proc is not None
+        if proc is not None:
+            batch.returncode, batch.log = proc.returncode, proc.stdout + proc.stderr
+        time.sleep(3)  # a process killed with its sandbox is gone by now
+        procs = _processes()
+        batch.survivors = {s: _marked(m, procs) for s, m in markers.items()}
+        batch.lingering = _in_course(course, procs)
+        for lines in [*batch.survivors.values(), batch.lingering]:
+            _kill(lines)
+        batch.changed = _changes(before, _snapshot(course))
+        batch.written = {s: _containing(m, batch.changed) for s, m in markers.items()}
+        batch.planted = {s: _planted(m) for s, m in markers.items()}
+    finally:
+        listener.close()
+        _restore(backup)
+        for paths in batch.planted.values():
+            for p in paths:
+                p.unlink(missing_ok=True)
+    batch.received, batch.connections = listener.received, listener.connections
+    for row in classroom.read_grades(course, assignment):
+        batch.rows.setdefault(row["student"], []).append(row)
+    batch.gradebook = _gradebook(course, assignment, list(students))
+    return batch
+
+
+@pytest.fixture(scope="module")
+def batches(tmp_path_factory: pytest.TempPathFactory):
+    """assignment -> its graded Batch, graded the first time a test asks for it."""
+    done: dict[str, Batch] = {}
+
+    def get(assignment: str) -> Batch:
+        if assignment not in done:
+            done[assignment] = grade_batch(tmp_path_factory.mktemp(assignment), assignment)
+        return done[assignment]
+
+    return get
+
+
+def _score(batch: Batch, student: str) -> tuple[float, float]:
+    rows = batch.rows.get(student, [])
+    assert len(rows) == 1, f"{student}: {len(rows)} rows in grades_{batch.assignment}.csv; {batch.where()}"
+    return float(rows[0]["score"]), float(rows[0]["max_score"])
+
+
+@pytest.mark.parametrize("assignment", ASSIGNMENTS)
+def test_batch_finishes_with_one_row_per_student(batches, assignment):
+    batch = batches(assignment)
+    assert batch.finished, f"the batch did not finish within {LIMIT} s; {batch.where()}"
+    assert batch.returncode == 0, batch.where()
+    assert sorted(batch.rows) == sorted(batch.students), batch.where()
+    assert all(len(rows) == 1 for rows in batch.rows.values()), f"duplicated rows: {batch.where()}"
+
+
+@pytest.mark.parametrize("assignment", ASSIGNMENTS)
+def test_every_other_grade_is_exact(batches, assignment):
+    batch = batches(assignment)
+    assert batch.finished, batch.where()
+    total = sum(classroom.points(classroom.read_notebook(batch.course, "solutions", assignment)).values())
+    for name, s in batch.students.items():
+        if s.kind == "hostile":
+            continue
+        assert _score(batch, name) == (s.expected, total), f"{name} ({s.kind}) in the CSV; {batch.where()}"
+        assert batch.gradebook.get(name) == (s.expected, total), f"{name} ({s.kind}) in gradebook.db"
+
+
+@pytest.mark.parametrize("assignment", ASSIGNMENTS)
+def test_no_file_outside_the_scratch_changed(batches, assignment):
+    batch = batches(assignment)
+    assert not batch.changed, f"changed during the {assignment} batch: {batch.changed[:20]}"
+
+
+@pytest.mark.parametrize("assignment", ASSIGNMENTS)
+def test_no_process_outlives_the_batch(batches, assignment):
+    batch = batches(assignment)
+    leftover = [line for lines in batch.survivors.values() for line in lines] + batch.lingering
+    assert not leftover, f"alive after the {assignment} batch: {leftover[:20]}"
+
+
+@pytest.mark.parametrize("assignment", ASSIGNMENTS)
+def test_the_listener_received_nothing(batches, assignment):
+    batch = batches(assignment)
+    assert batch.connections == 0 and not batch.received, (
+        f"{batch.connections} connections, {sum(map(len, batch.received))} bytes: {batch.received[:1]!r:.300}")
+
+
+@pytest.mark.parametrize("assignment", ASSIGNMENTS)
+def test_no_feedback_shows_hidden_checks_solutions_or_peers(batches, assignment):
+    batch = batches(assignment)
+    hidden = _code_lines((REPO / "tests" / "hidden" / f"test_{assignment}.py").read_text())
+    solution = classroom.read_notebook(batch.course, "solutions", assignment)
+    answers = _code_lines("\n".join(c.source for c in solution.cells
+                                    if c.metadata.get("nbgrader", {}).get("solution")))
+    for name, s in batch.students.items():
+        text = batch.feedback(name)
+        assert not [ln for ln in hidden if ln in text], f"{name}'s feedback shows lines of tests/hidden/"
+        if s.kind != "honest":
+            assert not [ln for ln in answers if ln in text], f"{name}'s feedback shows the solution"
+        peers = [secret for peer, secret in batch.secrets.items() if peer != name]
+        assert not [p for p in peers if p in text], f"{name}'s feedback shows a classmate's notebook"
+
+
+@pytest.mark.parametrize("attack", ATTACKS, ids=[a.name for a in ATTACKS])
+def test_attack_is_contained(batches, attack):
+    """Everything this attack could have done, checked for this attack alone."""
+    batch = batches(attack.assignment)
+    student = f"attack-{attack.name}"
+    marker = batch.markers[student]
+    assert batch.finished, f"{attack.name}: the batch did not finish; {batch.where()}"
+    score, _ = _score(batch, student)
+    blank = batch.students["blank"].expected
+    assert score <= blank, f"{attack.name} ({attack.summary}) scored {score} in the CSV; the blank release gets {blank}"
+    assert batch.gradebook.get(student, (0.0, 0.0))[0] <= blank, f"{attack.name} scored more in gradebook.db"
+    assert not batch.survivors[student], f"{attack.name}: processes alive after the batch: {batch.survivors[student]}"
+    assert not [r for r in batch.received if marker.encode() in r], f"{attack.name} reached the loopback listener"
+    assert not batch.planted[student], f"{attack.name} left files behind: {batch.planted[student]}"
+    assert not batch.written[student], f"{attack.name} wrote outside its scratch: {batch.written[student]}"
