@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = [
-    "flops_breakdown", "count_flops", "memory_breakdown", "count_memory_bytes", "dtype_bytes",
-    "ModelConfig", "MODEL_CONFIGS", "kv_cache_bytes", "gib", "gb",
+    "flops_breakdown", "count_flops", "backward_flops_breakdown", "count_backward_flops", "memory_breakdown",
+    "count_memory_bytes", "dtype_bytes", "ModelConfig", "MODEL_CONFIGS", "kv_cache_bytes", "gib", "gb",
 ]
 
 _EXTRA_DTYPES = {"bfloat16": 2, "bf16": 2, "fp16": 2, "fp32": 4, "fp64": 8, "fp8": 1, "float8": 1}
@@ -43,8 +43,13 @@ def _check_dims(seq_len: int, d_model: int, n_heads: int, n_kv_heads: int) -> in
     return d_model // n_heads
 
 
+def _pairs(seq_len: int, causal: bool) -> int:
+    """(query, key) pairs attention computes per head: :math:`L^2`, or :math:`L(L+1)/2` when causal."""
+    return seq_len * (seq_len + 1) // 2 if causal else seq_len * seq_len
+
+
 def flops_breakdown(batch_size: int, seq_len: int, d_model: int, n_heads: int,
-                    n_kv_heads: int | None = None, softmax_flops: int = 5) -> dict[str, int]:
+                    n_kv_heads: int | None = None, softmax_flops: int = 5, causal: bool = False) -> dict[str, int]:
     r"""Forward FLOPs of one attention layer, by component.
 
     ======== =========================== =====================
@@ -55,49 +60,78 @@ def flops_breakdown(batch_size: int, seq_len: int, d_model: int, n_heads: int,
     av       :math:`2BhL^2d_k`           weighted values
     proj_o   :math:`2BLd^2`              output projection
     ======== =========================== =====================
+
+    ``causal`` counts only the :math:`L(L+1)/2` (query, key) pairs on or below the diagonal in
+    the :math:`L^2` terms: what a kernel that skips masked work computes (one that skips whole
+    masked blocks computes slightly more, the diagonal blocks in full).
     """
     B, L, d, h = batch_size, seq_len, d_model, n_heads
     g = n_heads if n_kv_heads is None else n_kv_heads
     d_k = _check_dims(L, d, h, g)
+    P = _pairs(L, causal)
     return {
         "proj_q": 2 * B * L * d * d,
         "proj_kv": 2 * 2 * B * L * d * (g * d_k),
-        "qk": 2 * B * h * L * L * d_k,
-        "softmax": softmax_flops * B * h * L * L,
-        "av": 2 * B * h * L * L * d_k,
+        "qk": 2 * B * h * P * d_k,
+        "softmax": softmax_flops * B * h * P,
+        "av": 2 * B * h * P * d_k,
         "proj_o": 2 * B * L * d * d,
     }
 
 
 def count_flops(batch_size: int, seq_len: int, d_model: int, n_heads: int,
-                n_kv_heads: int | None = None, softmax_flops: int = 5) -> int:
+                n_kv_heads: int | None = None, softmax_flops: int = 5, causal: bool = False) -> int:
     r"""Total forward FLOPs: :math:`8BLd^2 + 4BL^2d + 5BhL^2` for MHA (the sum of ``flops_breakdown``)."""
-    return sum(flops_breakdown(batch_size, seq_len, d_model, n_heads, n_kv_heads, softmax_flops).values())
+    return sum(flops_breakdown(batch_size, seq_len, d_model, n_heads, n_kv_heads, softmax_flops, causal).values())
+
+
+def backward_flops_breakdown(batch_size: int, seq_len: int, d_model: int, n_heads: int,
+                             n_kv_heads: int | None = None, softmax_flops: int = 5,
+                             causal: bool = False) -> dict[str, int]:
+    r"""Backward FLOPs of one attention layer, by the forward component they differentiate.
+
+    Every forward product :math:`Y = AB` costs two products of its size backward
+    (:math:`\nabla_A = \nabla_Y B^\top`, :math:`\nabla_B = A^\top \nabla_Y`), so each matmul term
+    doubles. The softmax backward :math:`A \odot (\nabla_A - \operatorname{rowsum}(\nabla_A \odot A))`
+    and the scale cost ``softmax_flops`` per score (default 5: product, row sum, subtraction,
+    product, scale). For MHA the total is :math:`16BLd^2 + 8BL^2d + 5BhL^2` (seed 003's
+    :math:`16BSD^2 + 8BS^2D + O(BN_HS^2)`). ``causal`` as in ``flops_breakdown``.
+    """
+    forward = flops_breakdown(batch_size, seq_len, d_model, n_heads, n_kv_heads, softmax_flops, causal)
+    return {name: flops if name == "softmax" else 2 * flops for name, flops in forward.items()}
+
+
+def count_backward_flops(batch_size: int, seq_len: int, d_model: int, n_heads: int,
+                         n_kv_heads: int | None = None, softmax_flops: int = 5, causal: bool = False) -> int:
+    r"""Total backward FLOPs: :math:`16BLd^2 + 8BL^2d + 5BhL^2` for MHA (the sum of ``backward_flops_breakdown``)."""
+    return sum(backward_flops_breakdown(batch_size, seq_len, d_model, n_heads, n_kv_heads, softmax_flops,
+                                        causal).values())
 
 
 def memory_breakdown(batch_size: int, seq_len: int, d_model: int, n_heads: int, dtype="float64",
                      n_kv_heads: int | None = None) -> dict[str, int]:
-    r"""Bytes of the forward's intermediates that the backward needs, by tensor.
+    r"""Bytes of what the forward caches for the backward, by tensor (the layer's ``_cache``).
 
-    Q: :math:`BLd`; K, V: :math:`2BL g d_k`; attention weights A: :math:`BhL^2`;
-    per-head outputs: :math:`BLd`; merged heads (concat): :math:`BLd`; times the element size.
+    Input X: :math:`BLd`; Q: :math:`BLd`; K, V: :math:`2BL g d_k`; attention weights A:
+    :math:`BhL^2`; merged heads (concat): :math:`BLd`; times the element size. The per-head
+    outputs Z are not kept: the backward needs only their merged copy, for :math:`\nabla_{W_O}`.
     """
     B, L, d, h = batch_size, seq_len, d_model, n_heads
     g = n_heads if n_kv_heads is None else n_kv_heads
     d_k = _check_dims(L, d, h, g)
     size = dtype_bytes(dtype)
     return {
+        "x": B * L * d * size,
         "q": B * L * d * size,
         "kv": 2 * B * L * g * d_k * size,
         "attention_weights": B * h * L * L * size,
-        "head_outputs": B * L * d * size,
         "concat": B * L * d * size,
     }
 
 
 def count_memory_bytes(batch_size: int, seq_len: int, d_model: int, n_heads: int, dtype="float64",
                        n_kv_heads: int | None = None) -> int:
-    r"""Bytes of intermediates a fused forward keeps for backward: :math:`(5BLd + BhL^2)` elements for MHA."""
+    r"""Bytes a fused forward caches for backward: :math:`(5BLd + BhL^2)` elements for MHA (X, Q, K, V, A, concat)."""
     return sum(memory_breakdown(batch_size, seq_len, d_model, n_heads, dtype, n_kv_heads).values())
 
 

@@ -5,6 +5,8 @@ import pytest
 
 from mha_lab.analysis import (
     MODEL_CONFIGS,
+    backward_flops_breakdown,
+    count_backward_flops,
     count_flops,
     count_memory_bytes,
     dtype_bytes,
@@ -14,6 +16,7 @@ from mha_lab.analysis import (
     kv_cache_bytes,
     memory_breakdown,
 )
+from mha_lab.cpu import MultiHeadAttention
 
 
 def test_count_flops_matches_the_formula():
@@ -112,3 +115,58 @@ def test_bad_dimensions_raise():
         count_memory_bytes(1, 8, 12, 4, n_kv_heads=3)
     with pytest.raises(ValueError, match="seq_len"):
         count_flops(1, 0, 8, 2)
+
+
+def test_memory_breakdown_is_what_the_layer_caches():
+    B, L, d, h = 2, 7, 12, 3
+    layer = MultiHeadAttention(d, h, seed=0)
+    layer.forward(np.random.default_rng(0).standard_normal((B, L, d)))
+    cached = {name: a.nbytes for name, a in layer._cache.items()}
+    parts = memory_breakdown(B, L, d, h, "float64")
+    assert sum(cached.values()) == count_memory_bytes(B, L, d, h, "float64")
+    assert parts["x"] == cached["X"] and parts["attention_weights"] == cached["A"]
+    assert parts["kv"] == cached["K_rep"] + cached["V_rep"] and parts["concat"] == cached["concat"]
+
+
+def test_backward_flops_match_the_seed_formula():
+    B, L, d, h = 2, 96, 64, 8
+    assert count_backward_flops(B, L, d, h) == 16 * B * L * d * d + 8 * B * L * L * d + 5 * B * h * L * L
+    fwd, bwd = flops_breakdown(B, L, d, h), backward_flops_breakdown(B, L, d, h)
+    assert set(fwd) == set(bwd)
+    assert all(bwd[k] == 2 * fwd[k] for k in fwd if k != "softmax")
+    gqa_fwd, gqa_bwd = flops_breakdown(B, L, d, h, n_kv_heads=2), backward_flops_breakdown(B, L, d, h, n_kv_heads=2)
+    assert gqa_bwd["proj_kv"] == 2 * gqa_fwd["proj_kv"] < bwd["proj_kv"]
+
+
+def test_causal_counts_only_the_pairs_on_or_below_the_diagonal():
+    B, L, d, h = 1, 10, 8, 2
+    full, causal = backward_flops_breakdown(B, L, d, h), backward_flops_breakdown(B, L, d, h, causal=True)
+    pairs = int(np.tril(np.ones((L, L))).sum())  # 55 of 100
+    for k in ("qk", "av", "softmax"):
+        assert causal[k] * L * L == full[k] * pairs
+    assert causal["proj_q"] == full["proj_q"]
+    big = flops_breakdown(1, 8192, 64, 1, causal=True)["qk"] / flops_breakdown(1, 8192, 64, 1)["qk"]
+    assert big == pytest.approx(0.5, abs=1e-3)
+    assert count_flops(B, L, d, h, causal=True) < count_flops(B, L, d, h)
+
+
+@pytest.mark.parametrize("n_kv_heads", [4, 2])
+def test_matmul_flops_equal_the_ones_torch_counts(n_kv_heads):
+    torch = pytest.importorskip("torch")
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from mha_lab.cuda import MultiHeadAttention as TorchMultiHeadAttention
+
+    B, L, d, h = 2, 6, 16, 4
+    layer = TorchMultiHeadAttention(d, h, num_kv_heads=n_kv_heads, backend="eager", dtype=torch.float64)
+    x = torch.randn(B, L, d, dtype=torch.float64, requires_grad=True)
+    with FlopCounterMode(display=False) as forward_count:
+        out = layer(x)
+    with FlopCounterMode(display=False) as backward_count:
+        out.backward(torch.ones_like(out))
+
+    def matmuls(f):
+        return sum(v for k, v in f.items() if k != "softmax")
+
+    assert forward_count.get_total_flops() == matmuls(flops_breakdown(B, L, d, h, n_kv_heads=n_kv_heads))
+    assert backward_count.get_total_flops() == matmuls(backward_flops_breakdown(B, L, d, h, n_kv_heads=n_kv_heads))
