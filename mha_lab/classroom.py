@@ -179,14 +179,15 @@ class Attack:
         return nb
 
 
-def _body(module: ModuleType, path: Path) -> str:
-    """The source of the body of ``module.cell``, dedented."""
+def _body(path: Path) -> str:
+    """The source of the body of ``cell`` in the module at ``path``, dedented."""
     tree = ast.parse(path.read_text())
     fn = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "cell"), None)
     if fn is None:
         raise ValueError(f"{path} defines no function cell(marker, port, course, repo, protect)")
+    indent = " " * fn.body[0].col_offset  # not textwrap.dedent: a multi-line string may start at column 0
     lines = path.read_text().splitlines()[fn.body[0].lineno - 1:fn.body[-1].end_lineno]
-    return textwrap.dedent("\n".join(lines)) + "\n"
+    return "\n".join(ln.removeprefix(indent) for ln in lines) + "\n"
 
 
 def attacks(folder: Path = REPO / "tests" / "adversarial") -> list[Attack]:
@@ -200,7 +201,7 @@ def attacks(folder: Path = REPO / "tests" / "adversarial") -> list[Attack]:
         if not doc:
             raise ValueError(f"{path} needs a docstring: what the attack does, and what stops it")
         found.append(Attack(path.stem, getattr(module, "ASSIGNMENT", "ps1_per_head_loop"), doc.splitlines()[0],
-                            _body(module, path), getattr(module, "EVERY_ANSWER_CELL", False),
+                            _body(path), getattr(module, "EVERY_ANSWER_CELL", False),
                             getattr(module, "prepare", None)))
     return found
 

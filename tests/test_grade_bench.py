@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from mha_lab import grade_bench
+from mha_lab.__main__ import main as cli_main
 from mha_lab.classroom import Student
 
 CLASS = {"h": Student("h", "honest", 20.0), "b": Student("b", "buggy", 18.0),
@@ -23,7 +24,7 @@ def test_check_names_every_lost_duplicated_unknown_or_wrong_row():
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_grade_bench_grades_a_small_class_exactly(capsys):
-    assert grade_bench.main(["--n", "6"]) == 0, capsys.readouterr().out
+    assert cli_main(["grade-bench", "--n", "6"]) == 0, capsys.readouterr().out
     out = capsys.readouterr().out
     assert "6 ps1_per_head_loop submissions (3 honest, 1 buggy, 1 blank, 1 hostile)" in out
     assert "rows: 6 for 6 submissions; every one exactly once with its expected score: yes" in out
