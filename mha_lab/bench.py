@@ -22,19 +22,12 @@ from pathlib import Path
 import numpy as np
 
 from mha_lab.analysis import count_flops
-from mha_lab.cpu import (
-    MultiHeadAttention,
-    chunked_attention,
-    head_by_head_forward,
-    merge_heads,
-    per_head_attention,
-    split_heads,
-)
+from mha_lab.cpu import MultiHeadAttention, chunked_forward, head_by_head_forward, per_head_attention
 from mha_lab.measure import fit_exponent, interleaved_times, machine_info, median_time, peak_memory, torch_peak_memory
 from mha_lab.tables import markdown_table
 from mha_lab.testing import tolerances
 
-__all__ = ["chunked_forward", "run_suite", "BenchResults", "main"]
+__all__ = ["run_suite", "BenchResults", "main"]
 
 SECTIONS = ("forward", "backward", "memory", "gemm")
 MAX_SCORE_BYTES = 2 * 2**30  # skip implementations that would hold a (B, h, L, L) tensor larger than this
@@ -53,24 +46,9 @@ def _torch():
 # the implementations, all computing the same layer
 
 
-def chunked_forward(X: np.ndarray, layer, **block_sizes: int) -> np.ndarray:
-    """The layer's forward with ``chunked_attention`` as its core: no (L, L) matrix is formed.
-
-    ``block_sizes`` (``block_q``, ``block_k``) go to ``chunked_attention``; its defaults otherwise.
-    Shapes: X: (B, L, d_model) -> (B, L, d_model).
-    """
-    X = layer._check_input(X)
-    Q = split_heads(layer._project(X, "Q"), layer.num_heads)  # (B, L, d_model) -> (B, h, L, d_k)
-    K = split_heads(layer._project(X, "K"), layer.num_kv_heads)  # (B, L, d_model) -> (B, h_kv, L, d_k)
-    V = split_heads(layer._project(X, "V"), layer.num_kv_heads)  # (B, L, d_model) -> (B, h_kv, L, d_k)
-    Z = chunked_attention(Q, K, V, **block_sizes)  # (B, h, L, d_k)
-    del Q, K, V  # free the projections before the output projection allocates
-    return layer._project(merge_heads(Z), "O")  # (B, h, L, d_k) -> (B, L, d_model) -> (B, L, d_model)
-
-
-def _fused(layer) -> Callable[[np.ndarray], np.ndarray]:
+def _fused(layer: MultiHeadAttention) -> Callable[[np.ndarray], np.ndarray]:
     def forward(X: np.ndarray) -> np.ndarray:
-        layer._cache = layer.attention_weights = None  # drop the last call's (B, h, L, L) buffers first
+        layer.clear_cache()  # drop the last call's (B, h, L, L) buffers first
         return layer.forward(X)
 
     return forward
@@ -300,7 +278,7 @@ class _Shape:
         layer = self.layer
 
         def numpy_step():
-            layer._cache = layer.attention_weights = None
+            layer.clear_cache()
             layer.forward(self.X)
             return layer.backward(grad_out)
 

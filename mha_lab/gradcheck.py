@@ -6,6 +6,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from mha_lab.cpu.attention import AttentionLayer
+
 __all__ = ["numerical_gradient", "relative_error", "check_layer_gradients"]
 
 
@@ -41,7 +43,7 @@ def relative_error(analytical: np.ndarray, numerical: np.ndarray, zero_tol: floa
     return float(np.max(err))
 
 
-def check_layer_gradients(layer, X: np.ndarray, mask: np.ndarray | None = None, eps: float = 1e-5,
+def check_layer_gradients(layer: AttentionLayer, X: np.ndarray, mask: np.ndarray | None = None, eps: float = 1e-5,
                           seed: int = 0) -> dict[str, float]:
     """Relative error of the layer's backward against central differences, per parameter and for X.
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mha_lab.analysis import dtype_bytes
+from mha_lab.cpu.attention import GroupedQueryAttention
 from mha_lab.cpu.functional import merge_heads, repeat_kv, scaled_dot_product_attention, split_heads
 
 __all__ = [
@@ -74,15 +75,14 @@ def weights_per_device(d_model: int, n_heads: int, n_kv_heads: int, world_size: 
     return 2 * d_model * d_model // world_size + 2 * d_model * kv_local * d_k
 
 
-def shard_layer(layer, world_size: int) -> list[Shard]:
+def shard_layer(layer: GroupedQueryAttention, world_size: int) -> list[Shard]:
     """Split a MultiHeadAttention or GroupedQueryAttention layer's weights across ``world_size`` devices.
 
     Needs ``num_heads % world_size == 0``, and either ``num_kv_heads % world_size == 0`` (K/V heads
     split) or ``world_size % num_kv_heads == 0`` (each K/V head replicated on several devices).
     The shards are views of the layer's arrays: no weight is copied.
     """
-    h = layer.num_heads
-    g = getattr(layer, "num_kv_heads", h)
+    h, g = layer.num_heads, layer.num_kv_heads
     _check_split(h, g, world_size)
     d_k, h_r, n_rep = layer.d_model // h, h // world_size, h // g
     shards = []
@@ -120,12 +120,13 @@ def all_reduce(partials: list[np.ndarray]) -> np.ndarray:
     return np.sum(partials, axis=0)
 
 
-def tensor_parallel_forward(X: np.ndarray, layer, world_size: int, mask: np.ndarray | None = None) -> np.ndarray:
+def tensor_parallel_forward(X: np.ndarray, layer: GroupedQueryAttention, world_size: int,
+                            mask: np.ndarray | None = None) -> np.ndarray:
     """The layer's forward split over ``world_size`` simulated devices; equals ``layer.forward(X, mask)``.
 
     Shapes: X: (B, L, d_model) -> (B, L, d_model). ``mask`` is additive, broadcastable to (B, h, L, L).
     """
-    X = layer._check_input(X)
+    X = layer.check_input(X)
     out = all_reduce([shard_forward(X, s, mask) for s in shard_layer(layer, world_size)])
     if layer.use_bias:
         out += layer.b_O  # added once, after the reduction, not on every device

@@ -10,8 +10,7 @@ from matplotlib.figure import Figure
 
 from mha_lab import bench
 from mha_lab.__main__ import main as cli_main
-from mha_lab.bench import BenchResults, chunked_forward, run_suite
-from mha_lab.cpu import MultiHeadAttention
+from mha_lab.bench import BenchResults, run_suite
 from mha_lab.plots.bench import implementations_bar, memory_vs_length, time_vs_length
 
 torch = pytest.importorskip("torch")
@@ -107,13 +106,6 @@ def test_shape_checks_every_implementation_against_the_reference(monkeypatch):
     monkeypatch.setattr(bench, "_numpy_forwards", broken)
     with pytest.raises(AssertionError, match="chunked"):
         bench._Shape(1, 16, 32, 4).forwards()
-
-
-def test_chunked_forward_matches_the_fused_layer():
-    layer = MultiHeadAttention(48, 6, seed=3)
-    X = np.random.default_rng(0).standard_normal((3, 37, 48))
-    np.testing.assert_allclose(chunked_forward(X, layer, block_q=8, block_k=16), layer.forward(X),
-                               rtol=1e-10, atol=1e-12)
 
 
 def test_unknown_section_is_rejected():

@@ -42,8 +42,8 @@ def test_key_bias_gradient_is_exactly_zero():
 class _QBranchOnly(MultiHeadAttention):
     """A classic bug: grad X taken from the Q projection only, forgetting the K and V branches."""
 
-    def _project_backward(self, X, grad_y, n):
-        grad_X = super()._project_backward(X, grad_y, n)
+    def project_backward(self, X, grad_y, n):
+        grad_X = super().project_backward(X, grad_y, n)
         return 0 * grad_X if n in "KV" else grad_X
 
 

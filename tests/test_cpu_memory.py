@@ -1,7 +1,5 @@
 """Memory-efficient forwards: same results as the fused layer, and measurably less memory."""
 
-import tracemalloc
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -10,11 +8,13 @@ from hypothesis import strategies as st
 from mha_lab.cpu import (
     MultiHeadAttention,
     chunked_attention,
+    chunked_forward,
     create_causal_mask,
     head_by_head_forward,
     repeat_kv,
     scaled_dot_product_attention,
 )
+from mha_lab.measure import peak_memory
 from mha_lab.testing import assert_close
 
 
@@ -76,13 +76,7 @@ def test_head_by_head_equals_forward(causal):
 
 
 def peak_bytes(fn, *args, **kwargs) -> int:
-    tracemalloc.start()
-    tracemalloc.reset_peak()
-    try:
-        fn(*args, **kwargs)
-        return tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    return peak_memory(lambda: fn(*args, **kwargs))
 
 
 @pytest.mark.slow
@@ -100,7 +94,7 @@ def test_head_by_head_peak_is_below_a_quarter_of_the_fused_forward():
     mha = MultiHeadAttention(512, 8, seed=0)
     X = np.random.default_rng(0).standard_normal((1, 2048, 512))
     fused_peak = peak_bytes(mha.forward, X)
-    mha._cache = None
+    mha.clear_cache()
     hbh_peak = peak_bytes(head_by_head_forward, X, mha)
     assert hbh_peak < fused_peak / 4, (hbh_peak, fused_peak)
 
@@ -113,3 +107,9 @@ def test_attention_matrix_memory_is_B_h_L_squared():
     Q, K, V = qkv(B, 8, 8, L, L, 8)
     peak = peak_bytes(scaled_dot_product_attention, Q, K, V)
     assert B * 8 * L * L * 8 <= peak < 1.5 * B * 8 * L * L * 8
+
+
+def test_chunked_forward_matches_the_fused_layer():
+    layer = MultiHeadAttention(48, 6, seed=3)
+    X = np.random.default_rng(0).standard_normal((3, 37, 48))
+    assert_close(chunked_forward(X, layer, block_q=8, block_k=16), layer.forward(X))

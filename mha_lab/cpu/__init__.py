@@ -15,6 +15,7 @@ from mha_lab.cpu.memory import (
     ChunkedLayer,
     chunked_attention,
     chunked_attention_backward,
+    chunked_forward,
     head_by_head_forward,
 )
 from mha_lab.cpu.per_head import per_head_attention
@@ -22,6 +23,6 @@ from mha_lab.cpu.per_head import per_head_attention
 __all__ = [
     "softmax", "softmax_backward", "create_causal_mask", "split_heads", "merge_heads", "repeat_kv",
     "scaled_dot_product_attention", "SelfAttention", "MultiHeadAttention", "GroupedQueryAttention",
-    "per_head_attention", "head_by_head_forward", "chunked_attention", "chunked_attention_backward",
+    "per_head_attention", "head_by_head_forward", "chunked_forward", "chunked_attention", "chunked_attention_backward",
     "ChunkedLayer", "Checkpointed",
 ]

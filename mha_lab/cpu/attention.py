@@ -22,7 +22,7 @@ from mha_lab.cpu.functional import (
     split_heads,
 )
 
-__all__ = ["SelfAttention", "MultiHeadAttention", "GroupedQueryAttention"]
+__all__ = ["AttentionLayer", "SelfAttention", "MultiHeadAttention", "GroupedQueryAttention"]
 
 
 def xavier_normal(rng: np.random.Generator, fan_in: int, fan_out: int, dtype: np.dtype) -> np.ndarray:
@@ -33,8 +33,13 @@ def xavier_normal(rng: np.random.Generator, fan_in: int, fan_out: int, dtype: np
     return rng.normal(0.0, np.sqrt(2.0 / (fan_in + fan_out)), size=(fan_in, fan_out)).astype(dtype)
 
 
-class _Linear:
-    """Shared parameter bookkeeping: Xavier weights, optional zero biases, gradient slots."""
+class AttentionLayer:
+    """What every NumPy attention layer shares: the Q, K, V, O projections (Xavier weights, optional zero
+    biases, gradient slots), the input check, and the forward's cache for the backward.
+
+    Public interface for code that builds on a layer: ``check_input``, ``project`` and
+    ``project_backward``, ``clear_cache``, ``parameters`` and ``gradients``.
+    """
 
     _names: tuple[str, ...] = ("Q", "K", "V", "O")
 
@@ -47,7 +52,7 @@ class _Linear:
             setattr(self, f"W_{n}", xavier_normal(rng, fan_in, fan_out, self.dtype))
             if use_bias:
                 setattr(self, f"b_{n}", np.zeros(fan_out, dtype=self.dtype))
-        self._cache: dict | None = None
+        self.clear_cache()
 
     def parameters(self) -> dict[str, np.ndarray]:
         """The trainable arrays by name: W_Q, W_K, W_V, W_O and, with bias, b_Q ... b_O."""
@@ -60,13 +65,14 @@ class _Linear:
         """The gradients of the last backward, keyed like ``parameters()``."""
         return {n: getattr(self, f"grad_{n}") for n in self.parameters()}
 
-    def _project(self, X: np.ndarray, n: str) -> np.ndarray:
+    def project(self, X: np.ndarray, n: str) -> np.ndarray:
+        """Projection ``n`` ("Q", "K", "V" or "O"): X @ W_n + b_n, (..., in_features) -> (..., out_features)."""
         y = X @ getattr(self, f"W_{n}")
         if self.use_bias:
             y += getattr(self, f"b_{n}")
         return y
 
-    def _project_backward(self, X: np.ndarray, grad_y: np.ndarray, n: str) -> np.ndarray:
+    def project_backward(self, X: np.ndarray, grad_y: np.ndarray, n: str) -> np.ndarray:
         """Store grad_W_n = X^T grad_y (summed over B, L) and grad_b_n; return grad_X = grad_y W_n^T."""
         W = getattr(self, f"W_{n}")
         setattr(self, f"grad_W_{n}", X.reshape(-1, X.shape[-1]).T @ grad_y.reshape(-1, grad_y.shape[-1]))
@@ -74,11 +80,17 @@ class _Linear:
             setattr(self, f"grad_b_{n}", grad_y.sum(axis=(0, 1)))
         return grad_y @ W.T
 
-    def _check_input(self, X: np.ndarray) -> np.ndarray:
+    def check_input(self, X: np.ndarray) -> np.ndarray:
+        """``X`` as an array of the layer's dtype, after checking its shape is (B, L, d_model)."""
         check_rank("X", X, 3, "(B, L, d_model)")
         if X.shape[-1] != self.d_model:
             raise ValueError(f"X has d_model={X.shape[-1]} but the layer expects d_model={self.d_model}")
         return np.asarray(X, dtype=self.dtype)
+
+    def clear_cache(self) -> None:
+        """Drop what the last forward kept for the backward (its (B, h, L, L) weights included)."""
+        self._cache: dict | None = None
+        self.attention_weights: np.ndarray | None = None
 
     def _cached(self) -> dict:
         if self._cache is None:
@@ -86,7 +98,7 @@ class _Linear:
         return self._cache
 
 
-class SelfAttention(_Linear):
+class SelfAttention(AttentionLayer):
     r"""Single-head self-attention on (B, L, d_model) inputs, with no head axis at all.
 
     .. math:: \mathrm{out} = \mathrm{softmax}\Big(\frac{(XW_Q)(XW_K)^\top}{\sqrt{d_k}} + M\Big)(XW_V)\,W_O
@@ -102,8 +114,8 @@ class SelfAttention(_Linear):
 
     def forward(self, X: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
         """(B, L, d_model) -> (B, L, d_out); ``mask`` is additive, broadcastable to (B, L, L)."""
-        X = self._check_input(X)
-        Q, K, V = (self._project(X, n) for n in "QKV")  # (B, L, d_k), (B, L, d_k), (B, L, d_v)
+        X = self.check_input(X)
+        Q, K, V = (self.project(X, n) for n in "QKV")  # (B, L, d_k), (B, L, d_k), (B, L, d_v)
         S = Q @ K.transpose(0, 2, 1) / np.sqrt(self.d_k)  # (B, L, L)
         if mask is not None:
             if mask.ndim == 4 and mask.shape[:2] == (1, 1):
@@ -114,21 +126,21 @@ class SelfAttention(_Linear):
         Z = A @ V  # (B, L, d_v)
         self.attention_weights = A
         self._cache = {"X": X, "Q": Q, "K": K, "V": V, "A": A, "Z": Z}
-        return self._project(Z, "O")
+        return self.project(Z, "O")
 
     def backward(self, grad_out: np.ndarray) -> np.ndarray:
         """Store grad_W_* (and grad_b_*) and return dL/dX of shape (B, L, d_model)."""
         c = self._cached()
-        grad_Z = self._project_backward(c["Z"], grad_out, "O")
+        grad_Z = self.project_backward(c["Z"], grad_out, "O")
         grad_A = grad_Z @ c["V"].transpose(0, 2, 1)
         grad_V = c["A"].transpose(0, 2, 1) @ grad_Z
         grad_S = softmax_backward(grad_A, c["A"]) / np.sqrt(self.d_k)
         grad_Q = grad_S @ c["K"]
         grad_K = grad_S.transpose(0, 2, 1) @ c["Q"]
-        return sum(self._project_backward(c["X"], g, n) for g, n in ((grad_Q, "Q"), (grad_K, "K"), (grad_V, "V")))
+        return sum(self.project_backward(c["X"], g, n) for g, n in ((grad_Q, "Q"), (grad_K, "K"), (grad_V, "V")))
 
 
-class GroupedQueryAttention(_Linear):
+class GroupedQueryAttention(AttentionLayer):
     r"""Grouped-query attention: ``num_heads`` query heads share ``num_kv_heads`` K/V heads.
 
     Query head ``i`` reads K/V head ``i // (num_heads // num_kv_heads)``.
@@ -158,12 +170,9 @@ class GroupedQueryAttention(_Linear):
 
     def forward(self, X: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
         """(B, L, d_model) -> (B, L, d_model); ``mask`` is additive, broadcastable to (B, h, L, L)."""
-        X = self._check_input(X)
-        B, L, _ = X.shape
-        # 1. project: three fused GEMMs
-        Q = split_heads(self._project(X, "Q"), self.num_heads)  # (B, L, d_model) -> (B, h, L, d_k)
-        K = split_heads(self._project(X, "K"), self.num_kv_heads)  # (B, L, h_kv*d_k) -> (B, h_kv, L, d_k)
-        V = split_heads(self._project(X, "V"), self.num_kv_heads)  # (B, L, h_kv*d_k) -> (B, h_kv, L, d_k)
+        X = self.check_input(X)
+        # 1. project: three fused GEMMs, each split into heads
+        Q, K, V = self.project_qkv(X)  # (B, h, L, d_k), (B, h_kv, L, d_k), (B, h_kv, L, d_k)
         # 2. share each K/V head with its group of query heads (a no-op for MHA)
         K_rep, V_rep = repeat_kv(K, self.n_rep), repeat_kv(V, self.n_rep)  # -> (B, h, L, d_k)
         # 3. scores, batched over B and h; scaling Q (L x d_k) is cheaper than scaling S (L x L)
@@ -179,10 +188,25 @@ class GroupedQueryAttention(_Linear):
         # 6. merge heads
         concat = merge_heads(Z)  # (B, h, L, d_k) -> (B, L, d_model)
         # 7. output projection
-        out = self._project(concat, "O")
+        out = self.project(concat, "O")
         self.attention_weights = A
         self._cache = {"X": X, "Q": Q, "K_rep": K_rep, "V_rep": V_rep, "A": A, "concat": concat}
         return out
+
+    def project_qkv(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Queries, keys and values split into heads: step 1 of ``forward``, for code that supplies its own core.
+
+        Shapes: X: (B, L, d_model) -> Q: (B, h, L, d_k); K, V: (B, h_kv, L, d_k).
+        """
+        X = self.check_input(X)
+        Q = split_heads(self.project(X, "Q"), self.num_heads)  # (B, L, d_model) -> (B, h, L, d_k)
+        K = split_heads(self.project(X, "K"), self.num_kv_heads)  # (B, L, h_kv*d_k) -> (B, h_kv, L, d_k)
+        V = split_heads(self.project(X, "V"), self.num_kv_heads)  # (B, L, h_kv*d_k) -> (B, h_kv, L, d_k)
+        return Q, K, V
+
+    def project_out(self, Z: np.ndarray) -> np.ndarray:
+        """Merge the heads and apply the output projection (steps 6 and 7): (B, h, L, d_k) -> (B, L, d_model)."""
+        return self.project(merge_heads(Z), "O")  # (B, h, L, d_k) -> (B, L, d_model) -> (B, L, d_model)
 
     @property
     def head_attention_weights(self) -> list[np.ndarray]:
@@ -208,7 +232,7 @@ class GroupedQueryAttention(_Linear):
             raise ValueError(f"grad_out has shape {grad_out.shape}, expected {c['X'].shape}")
         A = c["A"]
         # step 1: output projection -> grad_W_O, grad_concat
-        grad_concat = self._project_backward(c["concat"], grad_out, "O")  # (B, L, d_model)
+        grad_concat = self.project_backward(c["concat"], grad_out, "O")  # (B, L, d_model)
         # step 2: head merge -> (B, L, d_model) -> (B, h, L, d_k)
         grad_Z = split_heads(grad_concat, self.num_heads)
         # step 3: Z = A V -> grad_A, grad_V
@@ -225,7 +249,7 @@ class GroupedQueryAttention(_Linear):
         grads = {"Q": merge_heads(grad_Q), "K": merge_heads(grad_K), "V": merge_heads(grad_V)}
         # step 7: projections -> grad_W_Q/K/V; X fed all three, so its gradient is the sum
         X = c["X"]
-        return sum(self._project_backward(X, grads[n], n) for n in "QKV")
+        return sum(self.project_backward(X, grads[n], n) for n in "QKV")
 
 
 class MultiHeadAttention(GroupedQueryAttention):

@@ -17,11 +17,11 @@ from mha_lab.cpu.attention import GroupedQueryAttention
 from mha_lab.cpu.functional import check_mask, check_rank, merge_heads, split_heads
 from mha_lab.cpu.per_head import head_forward
 
-__all__ = ["head_by_head_forward", "chunked_attention", "chunked_attention_backward", "ChunkedLayer",
+__all__ = ["head_by_head_forward", "chunked_forward", "chunked_attention", "chunked_attention_backward", "ChunkedLayer",
            "Checkpointed"]
 
 
-def head_by_head_forward(X: np.ndarray, layer, mask: np.ndarray | None = None) -> np.ndarray:
+def head_by_head_forward(X: np.ndarray, layer: GroupedQueryAttention, mask: np.ndarray | None = None) -> np.ndarray:
     r"""The layer's forward computed one head at a time; same output as ``layer.forward``.
 
     .. math:: \mathrm{out} = b_O + \sum_i \mathrm{head}_i\, W_O^{(i)}
@@ -29,13 +29,25 @@ def head_by_head_forward(X: np.ndarray, layer, mask: np.ndarray | None = None) -
     Peak memory: one (B, L, L) attention matrix instead of (B, h, L, L).
     Shapes: X: (B, L, d_model) -> (B, L, d_model).
     """
-    X = layer._check_input(X)
+    X = layer.check_input(X)
     out = np.zeros(X.shape[:2] + (layer.W_O.shape[1],), dtype=X.dtype)  # (B, L, d_model)
     for i in range(layer.num_heads):
         out += head_forward(X, layer, i, mask)[0]  # head i's (B, L, L) weights die with this statement
     if layer.use_bias:
         out += layer.b_O
     return out
+
+
+def chunked_forward(X: np.ndarray, layer: GroupedQueryAttention, **block_sizes: int) -> np.ndarray:
+    """The layer's forward with ``chunked_attention`` as its core: no (L, L) matrix is formed.
+
+    ``block_sizes`` (``block_q``, ``block_k``) go to ``chunked_attention``; its defaults otherwise.
+    Shapes: X: (B, L, d_model) -> (B, L, d_model).
+    """
+    Q, K, V = layer.project_qkv(X)  # (B, h, L, d_k), (B, h_kv, L, d_k), (B, h_kv, L, d_k)
+    Z = chunked_attention(Q, K, V, **block_sizes)  # (B, h, L, d_k)
+    del Q, K, V  # free the projections before the output projection allocates
+    return layer.project_out(Z)  # (B, h, L, d_k) -> (B, L, d_model)
 
 
 def _check_qkv(Q: np.ndarray, K: np.ndarray, V: np.ndarray, causal: bool, block_q: int, block_k: int) -> None:
@@ -206,28 +218,26 @@ class ChunkedLayer:
     def forward(self, X: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
         """The layer's forward with ``chunked_attention`` as its core; ``mask`` is additive."""
         layer = self.layer
-        X = layer._check_input(X)
-        Q = split_heads(layer._project(X, "Q"), layer.num_heads)  # (B, L, d_model) -> (B, h, L, d_k)
-        K = split_heads(layer._project(X, "K"), layer.num_kv_heads)  # -> (B, h_kv, L, d_k)
-        V = split_heads(layer._project(X, "V"), layer.num_kv_heads)  # -> (B, h_kv, L, d_k)
+        X = layer.check_input(X)
+        Q, K, V = layer.project_qkv(X)  # (B, h, L, d_k), (B, h_kv, L, d_k), (B, h_kv, L, d_k)
         O, lse = chunked_attention(Q, K, V, self.causal, mask, return_lse=True, **self.blocks)
         concat = merge_heads(O)  # (B, h, L, d_k) -> (B, L, d_model)
         self._saved = {"X": X, "Q": Q, "K": K, "V": V, "O": O, "lse": lse, "mask": mask}
-        return layer._project(concat, "O")
+        return layer.project(concat, "O")
 
     def backward(self, grad_out: np.ndarray) -> np.ndarray:
         """Store the wrapped layer's grad_W_* (and grad_b_*) and return dL/dX."""
         if self._saved is None:
             raise RuntimeError("backward() called before forward(): nothing is saved")
         c, layer = self._saved, self.layer
-        grad_concat = layer._project_backward(merge_heads(c["O"]), grad_out, "O")  # step 1
+        grad_concat = layer.project_backward(merge_heads(c["O"]), grad_out, "O")  # step 1
         grad_O = split_heads(grad_concat, layer.num_heads)  # step 2: (B, L, d_model) -> (B, h, L, d_k)
         grad_Q, grad_K, grad_V = chunked_attention_backward(  # steps 3-5, tile by tile
             grad_O, c["Q"], c["K"], c["V"], c["O"], c["lse"], self.causal, c["mask"], **self.blocks)
         # step 6: (B, h, L, d_k) -> (B, L, h*d_k); step 7: the projections, summed into grad_X
         grads = {"Q": merge_heads(grad_Q), "K": merge_heads(grad_K), "V": merge_heads(grad_V)}
         self._saved = None
-        return sum(layer._project_backward(c["X"], grads[n], n) for n in "QKV")
+        return sum(layer.project_backward(c["X"], grads[n], n) for n in "QKV")
 
 
 class Checkpointed:
@@ -241,13 +251,10 @@ class Checkpointed:
         self.layer = layer
         self._saved: tuple | None = None
 
-    def _drop_cache(self) -> None:
-        self.layer._cache = self.layer.attention_weights = None
-
     def forward(self, X: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
         """The fused forward, after which everything but the input is dropped."""
         out = self.layer.forward(X, mask)
-        self._drop_cache()
+        self.layer.clear_cache()
         self._saved = (X, mask)
         return out
 
@@ -257,6 +264,6 @@ class Checkpointed:
             raise RuntimeError("backward() called before forward(): nothing is saved")
         self.layer.forward(*self._saved)
         grad_X = self.layer.backward(grad_out)
-        self._drop_cache()
+        self.layer.clear_cache()
         self._saved = None
         return grad_X

@@ -12,8 +12,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from mha_lab.analysis import MODEL_CONFIGS, ModelConfig, flops_breakdown, gib, kv_cache_bytes, memory_breakdown
-from mha_lab.bench import chunked_forward
-from mha_lab.cpu import MultiHeadAttention, head_by_head_forward
+from mha_lab.cpu import MultiHeadAttention, chunked_forward, head_by_head_forward
 from mha_lab.measure import fit_exponent, peak_memory
 from mha_lab.plots.style import check, legend_outside, new_figure
 from mha_lab.tables import markdown_table
@@ -135,7 +134,7 @@ def peak_memory_vs_length(lengths: Sequence[int] = (128, 256, 512, 1024, 2048), 
         X = rng.normal(size=(batch_size, L, d_model))
         for name, method in methods.items():
             peaks[name].append(peak_memory(lambda m=method, X=X: m(X)))
-            layer._cache = None  # drop the fused forward's cache before the next measurement
+            layer.clear_cache()  # drop the fused forward's cache before the next measurement
     return peaks
 
 
