@@ -11,14 +11,22 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 from matplotlib.figure import Figure
 
-from mha_lab.analysis import MODEL_CONFIGS, ModelConfig, flops_breakdown, gib, kv_cache_bytes, memory_breakdown
+from mha_lab.analysis import (
+    MODEL_CONFIGS,
+    ModelConfig,
+    backward_flops_breakdown,
+    flops_breakdown,
+    gib,
+    kv_cache_bytes,
+    memory_breakdown,
+)
 from mha_lab.cpu import MultiHeadAttention, chunked_forward, head_by_head_forward
 from mha_lab.measure import fit_exponent, peak_memory
 from mha_lab.plots.style import check, legend_outside, new_figure
 from mha_lab.tables import markdown_table
 
 __all__ = [
-    "flops_table", "memory_table", "heads_table", "kv_cache_table",
+    "flops_table", "training_flops_table", "memory_table", "heads_table", "kv_cache_table",
     "plot_flops_vs_length", "plot_kv_cache_vs_context",
     "peak_memory_vs_length", "plot_peak_memory", "plot_time_vs_length",
 ]
@@ -46,6 +54,18 @@ def flops_table(sizes: Iterable[tuple[int, int, int, int]], softmax_flops: int =
                      f"{proj / core:.3g}"))
     return markdown_table(["B", "L", "d_model", "h", "projections", "QK^T + AV", "softmax", "total",
                            "projections / core"], rows)
+
+
+def training_flops_table(batch_size: int, seq_len: int, d_model: int, n_heads: int) -> str:
+    """Forward and backward FLOPs by component, full and causal, with each column's total and the step's ratio."""
+    args = (batch_size, seq_len, d_model, n_heads)
+    cols = [flops_breakdown(*args), backward_flops_breakdown(*args),
+            flops_breakdown(*args, causal=True), backward_flops_breakdown(*args, causal=True)]
+    rows = [(name, *(f"{c[name]:.3g}" for c in cols)) for name in cols[0]]
+    totals = [sum(c.values()) for c in cols]
+    rows.append(("**total**", *(f"**{t:.3g}**" for t in totals)))
+    rows.append(("forward + backward", f"{totals[0] + totals[1]:.3g}", "", f"{totals[2] + totals[3]:.3g}", ""))
+    return markdown_table(["component", "forward", "backward", "forward, causal", "backward, causal"], rows)
 
 
 def memory_table(sizes: Iterable[tuple[int, int, int, int]], dtype="float32") -> str:
