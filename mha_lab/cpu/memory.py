@@ -221,9 +221,8 @@ class ChunkedLayer:
         X = layer.check_input(X)
         Q, K, V = layer.project_qkv(X)  # (B, h, L, d_k), (B, h_kv, L, d_k), (B, h_kv, L, d_k)
         O, lse = chunked_attention(Q, K, V, self.causal, mask, return_lse=True, **self.blocks)
-        concat = merge_heads(O)  # (B, h, L, d_k) -> (B, L, d_model)
         self._saved = {"X": X, "Q": Q, "K": K, "V": V, "O": O, "lse": lse, "mask": mask}
-        return layer.project(concat, "O")
+        return layer.project_out(O)  # (B, h, L, d_k) -> (B, L, d_model)
 
     def backward(self, grad_out: np.ndarray) -> np.ndarray:
         """Store the wrapped layer's grad_W_* (and grad_b_*) and return dL/dX."""
