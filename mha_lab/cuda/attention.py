@@ -116,6 +116,25 @@ class MultiHeadAttention(nn.Module):
         y = x @ getattr(self, f"W_{n}")
         return y + getattr(self, f"b_{n}") if self.use_bias else y
 
+    def project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries, keys and values split into heads: steps 1-2 of ``forward``, for code that brings its
+        own attention core (decoding with a KV cache).
+
+        Shapes: x (B, L, d_model) -> q (B, h, L, d_k); k, v (B, h_kv, L, d_k).
+        """
+        B, L, _ = x.shape
+        h, h_kv, d_k = self.num_heads, self.num_kv_heads, self.d_k
+        q = self._project(x, "Q").view(B, L, h, d_k).transpose(1, 2)  # (B, L, d_model) -> (B, h, L, d_k)
+        k = self._project(x, "K").view(B, L, h_kv, d_k).transpose(1, 2)  # (B, L, h_kv*d_k) -> (B, h_kv, L, d_k)
+        v = self._project(x, "V").view(B, L, h_kv, d_k).transpose(1, 2)  # (B, L, h_kv*d_k) -> (B, h_kv, L, d_k)
+        return q, k, v
+
+    def project_out(self, z: torch.Tensor) -> torch.Tensor:
+        """Merge the heads and apply the output projection, steps 6-7: (B, h, L, d_k) -> (B, L, d_model)."""
+        B, _, L, _ = z.shape
+        z = z.transpose(1, 2).reshape(B, L, self.d_model)  # (B, h, L, d_k) -> (B, L, h, d_k) -> (B, L, d_model)
+        return self._project(z, "O")
+
     def _check_input(self, x: torch.Tensor) -> None:
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"x must be a torch.Tensor of shape (B, L, d_model), got {type(x).__name__}")
@@ -161,13 +180,9 @@ class MultiHeadAttention(nn.Module):
         with no key raises ValueError. The triton backend takes no ``attn_mask``.
         """
         self._check_input(x)
-        B, L, _ = x.shape
         mask = None if attn_mask is None else self._full_mask(attn_mask, x)
         # 1. project with one GEMM each, then 2. split the feature axis into heads
-        h, h_kv, d_k = self.num_heads, self.num_kv_heads, self.d_k
-        q = self._project(x, "Q").view(B, L, h, d_k).transpose(1, 2)  # (B, L, d_model) -> (B, h, L, d_k)
-        k = self._project(x, "K").view(B, L, h_kv, d_k).transpose(1, 2)  # (B, L, h_kv*d_k) -> (B, h_kv, L, d_k)
-        v = self._project(x, "V").view(B, L, h_kv, d_k).transpose(1, 2)  # (B, L, h_kv*d_k) -> (B, h_kv, L, d_k)
+        q, k, v = self.project_qkv(x)  # (B, h, L, d_k), (B, h_kv, L, d_k), (B, h_kv, L, d_k)
         # 3.-5. scores, mask, softmax, weighted values
         if self.backend == "eager":
             z = self._eager_attention(q, k, v, mask)
@@ -176,8 +191,7 @@ class MultiHeadAttention(nn.Module):
         else:
             z = self._triton_attention(q, k, v, mask)
         # 6. merge the heads, then 7. the output projection
-        z = z.transpose(1, 2).reshape(B, L, self.d_model)  # (B, h, L, d_k) -> (B, L, h, d_k) -> (B, L, d_model)
-        return self._project(z, "O")
+        return self.project_out(z)
 
     def _eager_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                          mask: torch.Tensor | None) -> torch.Tensor:
