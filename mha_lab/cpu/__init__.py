@@ -1,6 +1,7 @@
 """NumPy reference implementation of multi-head attention (float64 by default)."""
 
 from mha_lab.cpu.attention import GroupedQueryAttention, MultiHeadAttention, SelfAttention
+from mha_lab.cpu.decode import KVCache, decode_step, prefill
 from mha_lab.cpu.functional import (
     create_causal_mask,
     merge_heads,
@@ -24,5 +25,5 @@ __all__ = [
     "softmax", "softmax_backward", "create_causal_mask", "split_heads", "merge_heads", "repeat_kv",
     "scaled_dot_product_attention", "SelfAttention", "MultiHeadAttention", "GroupedQueryAttention",
     "per_head_attention", "head_by_head_forward", "chunked_forward", "chunked_attention", "chunked_attention_backward",
-    "ChunkedLayer", "Checkpointed",
+    "ChunkedLayer", "Checkpointed", "KVCache", "prefill", "decode_step",
 ]

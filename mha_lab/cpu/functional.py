@@ -90,15 +90,21 @@ def softmax_backward(grad_A: np.ndarray, A: np.ndarray, axis: int = -1) -> np.nd
     return grad_S
 
 
-def create_causal_mask(seq_len: int, dtype: np.dtype | type = np.float64) -> np.ndarray:
+def create_causal_mask(seq_len: int, dtype: np.dtype | type = np.float64, window: int | None = None) -> np.ndarray:
     """Additive causal mask of shape (1, 1, L, L): 0 on and below the diagonal, -inf above.
 
     The two leading ones broadcast over batch and heads: every head obeys the same causality.
+    With a sliding ``window`` W (Mistral's), query i sees only keys i - W < j <= i: the last
+    W positions, itself included.
     """
     if seq_len < 1:
         raise ValueError(f"seq_len must be at least 1, got {seq_len}")
+    if window is not None and window < 1:
+        raise ValueError(f"window must be at least 1, got {window}")
     mask = np.zeros((seq_len, seq_len), dtype=dtype)
     mask[np.triu_indices(seq_len, k=1)] = -np.inf
+    if window is not None:
+        mask[np.tril_indices(seq_len, k=-window)] = -np.inf  # keys W or more positions back
     return mask.reshape(1, 1, seq_len, seq_len)  # (L, L) -> (1, 1, L, L)
 
 
@@ -135,7 +141,7 @@ def repeat_kv(x: np.ndarray, n_rep: int) -> np.ndarray:
 
 
 def scaled_dot_product_attention(
-    Q: np.ndarray, K: np.ndarray, V: np.ndarray, mask: np.ndarray | None = None
+    Q: np.ndarray, K: np.ndarray, V: np.ndarray, mask: np.ndarray | None = None, enable_gqa: bool = False
 ) -> tuple[np.ndarray, np.ndarray]:
     r"""Attention for every (batch, head) pair at once; returns ``(output, weights)``.
 
@@ -145,6 +151,10 @@ def scaled_dot_product_attention(
         Q: (..., L_q, d_k), K: (..., L_k, d_k), V: (..., L_k, d_v)
         mask: additive, broadcastable to (..., L_q, L_k)
         output: (..., L_q, d_v), weights: (..., L_q, L_k)
+
+    With ``enable_gqa`` (as in PyTorch), Q is (B, h, L_q, d_k) and K, V have h_kv heads,
+    (B, h_kv, L_k, d): query head i reads K/V head ``i // (h // h_kv)``, the pairing of
+    ``repeat_kv``, but K and V are shared by broadcasting (stride 0), never copied.
     """
     for name, t in (("Q", Q), ("K", K), ("V", V)):
         if not isinstance(t, np.ndarray) or t.ndim < 2:
@@ -153,6 +163,8 @@ def scaled_dot_product_attention(
         raise ValueError(f"Q and K head sizes differ: {Q.shape[-1]} vs {K.shape[-1]}")
     if K.shape[-2] != V.shape[-2]:
         raise ValueError(f"K and V lengths differ: {K.shape[-2]} vs {V.shape[-2]}")
+    if enable_gqa:
+        return _grouped_attention(Q, K, V, mask)
     scores = Q @ np.swapaxes(K, -1, -2)  # (..., L_q, d_k) @ (..., d_k, L_k) -> (..., L_q, L_k)
     scores *= 1.0 / np.sqrt(Q.shape[-1])
     if mask is not None:
@@ -160,3 +172,31 @@ def scaled_dot_product_attention(
         scores += mask
     weights = softmax(scores, axis=-1, out=scores)  # in place: one (L_q, L_k) buffer per head
     return weights @ V, weights
+
+
+def _grouped_attention(Q: np.ndarray, K: np.ndarray, V: np.ndarray,
+                       mask: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """The core with the queries of each group stacked as the rows of one matrix.
+
+    Each K/V head then meets its whole group in one matrix product and is read once, not
+    once per query head: what makes a decoding step of GQA cheaper than one of MHA.
+    """
+    for name, t in (("Q", Q), ("K", K), ("V", V)):
+        check_rank(name, t, 4, "(B, heads, L, d) with enable_gqa")
+    (B, h, L_q, d_k), h_kv, L_k = Q.shape, K.shape[1], K.shape[2]
+    if K.shape[:2] != V.shape[:2] or K.shape[0] != B:
+        raise ValueError(f"Q, K, V must share the batch size and K, V the head count: "
+                         f"got {Q.shape}, {K.shape}, {V.shape}")
+    if h % h_kv:
+        raise ValueError(f"Q has {h} heads, not divisible by the {h_kv} key/value heads of K and V")
+    n_rep = h // h_kv
+    if mask is not None:
+        check_mask(mask, (B, h, L_q, L_k))
+        mask = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)  # -> (b, h or 1, L_q or 1, L_k or 1)
+        # (b, h, L_q, L_k) -> (b, h_kv, n_rep * L_q, L_k); a copy only over the axes it must fill
+        mask = np.broadcast_to(mask, (mask.shape[0], h, L_q, L_k)).reshape(-1, h_kv, n_rep * L_q, L_k)
+    # (B, h, L_q, d_k) -> (B, h_kv, n_rep * L_q, d_k): a view when L_q == 1 (decoding)
+    Q = Q.reshape(B, h_kv, n_rep * L_q, d_k)
+    out, weights = scaled_dot_product_attention(Q, K, V, mask)  # (B, h_kv, n_rep * L_q, .)
+    # (B, h_kv, n_rep * L_q, .) -> (B, h, L_q, .): both are fresh arrays, so these are views
+    return out.reshape(B, h, L_q, out.shape[-1]), weights.reshape(B, h, L_q, L_k)

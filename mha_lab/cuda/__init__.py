@@ -9,8 +9,9 @@ asks for a GPU.
 from __future__ import annotations
 
 from mha_lab.cuda.attention import BACKENDS, MultiHeadAttention
+from mha_lab.cuda.decode import KVCache, decode_step, prefill
 
-__all__ = ["MultiHeadAttention", "BACKENDS", "flash_attention"]
+__all__ = ["MultiHeadAttention", "BACKENDS", "KVCache", "prefill", "decode_step", "flash_attention"]
 
 
 def __getattr__(name: str):
