@@ -16,7 +16,7 @@ from mha_lab.analysis import (
     kv_cache_bytes,
     memory_breakdown,
 )
-from mha_lab.cpu import MultiHeadAttention
+from mha_lab.cpu import GroupedQueryAttention
 
 
 def test_count_flops_matches_the_formula():
@@ -117,15 +117,17 @@ def test_bad_dimensions_raise():
         count_flops(1, 0, 8, 2)
 
 
-def test_memory_breakdown_is_what_the_layer_caches():
+@pytest.mark.parametrize("g", [3, 1])
+def test_memory_breakdown_is_what_the_layer_caches(g):
+    """With GQA too: the layer keeps K and V with g heads, as memory_breakdown counts them."""
     B, L, d, h = 2, 7, 12, 3
-    layer = MultiHeadAttention(d, h, seed=0)
+    layer = GroupedQueryAttention(d, h, g, seed=0)
     layer.forward(np.random.default_rng(0).standard_normal((B, L, d)))
     cached = {name: a.nbytes for name, a in layer._cache.items()}
-    parts = memory_breakdown(B, L, d, h, "float64")
-    assert sum(cached.values()) == count_memory_bytes(B, L, d, h, "float64")
+    parts = memory_breakdown(B, L, d, h, "float64", n_kv_heads=g)
+    assert sum(cached.values()) == count_memory_bytes(B, L, d, h, "float64", n_kv_heads=g)
     assert parts["x"] == cached["X"] and parts["attention_weights"] == cached["A"]
-    assert parts["kv"] == cached["K_rep"] + cached["V_rep"] and parts["concat"] == cached["concat"]
+    assert parts["kv"] == cached["K"] + cached["V"] and parts["concat"] == cached["concat"]
 
 
 def test_backward_flops_match_the_seed_formula():

@@ -27,7 +27,7 @@ def test_output_and_intermediate_shapes(B, L):
     out = mha.forward(rand(B, L, d), create_causal_mask(L))
     c = mha._cache
     assert out.shape == (B, L, d)
-    assert c["Q"].shape == c["K_rep"].shape == c["V_rep"].shape == (B, h, L, d // h)
+    assert c["Q"].shape == c["K"].shape == c["V"].shape == (B, h, L, d // h)
     assert mha.attention_weights.shape == (B, h, L, L)
     assert c["concat"].shape == (B, L, d)
     assert len(mha.head_attention_weights) == h and mha.head_attention_weights[0].shape == (B, L, L)
@@ -142,6 +142,14 @@ def test_gqa_equals_mha_with_kv_weights_repeated_per_group(g):
         setattr(mha, f"W_{n}", np.repeat(W, h // g, axis=1).reshape(h * d_k, h * d_k))
     X = rand(3, 5, h * d_k)
     assert_close(gqa.forward(X, create_causal_mask(5)), mha.forward(X, create_causal_mask(5)))
+
+
+@pytest.mark.parametrize("g", [1, 2])
+def test_gqa_keeps_only_its_key_value_heads(g):
+    """K and V are cached with g heads and shared by broadcasting, not repeated to h heads."""
+    layer = GroupedQueryAttention(12, 4, g, seed=0)
+    layer.forward(rand(2, 5, 12))
+    assert layer._cache["K"].shape == layer._cache["V"].shape == (2, g, 5, 3)
 
 
 def test_long_sequence_stays_finite_and_does_not_underflow():

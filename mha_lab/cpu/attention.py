@@ -16,7 +16,6 @@ from mha_lab.cpu.functional import (
     check_mask,
     check_rank,
     merge_heads,
-    repeat_kv,
     softmax,
     softmax_backward,
     split_heads,
@@ -171,26 +170,28 @@ class GroupedQueryAttention(AttentionLayer):
     def forward(self, X: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
         """(B, L, d_model) -> (B, L, d_model); ``mask`` is additive, broadcastable to (B, h, L, L)."""
         X = self.check_input(X)
+        B, L, _ = X.shape
         # 1. project: three fused GEMMs, each split into heads
         Q, K, V = self.project_qkv(X)  # (B, h, L, d_k), (B, h_kv, L, d_k), (B, h_kv, L, d_k)
-        # 2. share each K/V head with its group of query heads (a no-op for MHA)
-        K_rep, V_rep = repeat_kv(K, self.n_rep), repeat_kv(V, self.n_rep)  # -> (B, h, L, d_k)
-        # 3. scores, batched over B and h; scaling Q (L x d_k) is cheaper than scaling S (L x L)
-        Q_scaled = Q * float(1.0 / np.sqrt(self.d_k))  # (B, h, L, d_k); a Python float keeps float32 float32
-        S = Q_scaled @ K_rep.transpose(0, 1, 3, 2)  # (B, h, L, d_k) @ (B, h, d_k, L) -> (B, h, L, L)
+        # 2. group the query heads under the K/V head they share; K and V broadcast, never copied
+        Qg = self._group(Q * float(1.0 / np.sqrt(self.d_k)))  # (B, h, L, d_k) -> (B, h_kv, n_rep, L, d_k)
+        Kg, Vg = K[:, :, None], V[:, :, None]  # (B, h_kv, L, d_k) -> (B, h_kv, 1, L, d_k): stride 0 over a group
+        # 3. scores, batched over B and heads; scaling Q (L x d_k) is cheaper than scaling S (L x L)
+        S = Qg @ Kg.swapaxes(-1, -2)  # (B, h_kv, n_rep, L, d_k) @ (B, h_kv, 1, d_k, L) -> (B, h_kv, n_rep, L, L)
+        S = S.reshape(B, self.num_heads, L, L)  # -> (B, h, L, L), a view of the fresh array
         # 4. mask and softmax, in place
         if mask is not None:
             check_mask(mask, S.shape)
             S += mask
         A = softmax(S, axis=-1, out=S)  # (B, h, L, L)
         # 5. weight the values
-        Z = A @ V_rep  # (B, h, L, L) @ (B, h, L, d_k) -> (B, h, L, d_k)
+        Z = self._group(A) @ Vg  # (B, h_kv, n_rep, L, L) @ (B, h_kv, 1, L, d_k) -> (B, h_kv, n_rep, L, d_k)
         # 6. merge heads
-        concat = merge_heads(Z)  # (B, h, L, d_k) -> (B, L, d_model)
+        concat = merge_heads(Z.reshape(B, self.num_heads, L, self.d_k))  # (B, h, L, d_k) -> (B, L, d_model)
         # 7. output projection
         out = self.project(concat, "O")
         self.attention_weights = A
-        self._cache = {"X": X, "Q": Q, "K_rep": K_rep, "V_rep": V_rep, "A": A, "concat": concat}
+        self._cache = {"X": X, "Q": Q, "K": K, "V": V, "A": A, "concat": concat}  # K, V: h_kv heads
         return out
 
     def project_qkv(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -213,13 +214,16 @@ class GroupedQueryAttention(AttentionLayer):
         """The last forward's attention as a list of h matrices of shape (B, L, L), for plotting."""
         return [self.attention_weights[:, i] for i in range(self.num_heads)]
 
+    def _group(self, x: np.ndarray) -> np.ndarray:
+        """The query heads under the K/V head they share, a view: query head i is (i // n_rep, i % n_rep)."""
+        B, _, L, n = x.shape
+        return x.reshape(B, self.num_kv_heads, self.n_rep, L, n)  # (B, h, L, n) -> (B, h_kv, n_rep, L, n)
+
     def _sum_groups(self, g: np.ndarray) -> np.ndarray:
-        """Backward of repeat_kv: add up the gradients of the query heads that shared a K/V head."""
+        """Backward of sharing a K/V head: add up the gradients of the query heads of its group."""
         if self.n_rep == 1:
             return g
-        B, _, L, d = g.shape
-        # (B, h, L, d) -> (B, h_kv, n_rep, L, d) -> (B, h_kv, L, d)
-        return g.reshape(B, self.num_kv_heads, self.n_rep, L, d).sum(axis=2)
+        return self._group(g).sum(axis=2)  # (B, h, L, d) -> (B, h_kv, n_rep, L, d) -> (B, h_kv, L, d)
 
     def backward(self, grad_out: np.ndarray) -> np.ndarray:
         """The seven steps of the chain rule, in reverse order of the forward.
@@ -236,13 +240,15 @@ class GroupedQueryAttention(AttentionLayer):
         # step 2: head merge -> (B, L, d_model) -> (B, h, L, d_k)
         grad_Z = split_heads(grad_concat, self.num_heads)
         # step 3: Z = A V -> grad_A, grad_V
-        grad_A = grad_Z @ c["V_rep"].transpose(0, 1, 3, 2)  # (B, h, L, L)
+        grad_A = self._group(grad_Z) @ c["V"][:, :, None].swapaxes(-1, -2)  # (B, h_kv, n_rep, L, L)
+        grad_A = grad_A.reshape(A.shape)  # -> (B, h, L, L)
         grad_V = A.transpose(0, 1, 3, 2) @ grad_Z  # (B, h, L, d_k)
         # step 4: softmax (masked positions have A = 0, so their gradient is 0)
         grad_S = softmax_backward(grad_A, A)  # (B, h, L, L)
         # step 5: scale and Q K^T -> grad_Q, grad_K
         grad_S *= 1.0 / np.sqrt(self.d_k)
-        grad_Q = grad_S @ c["K_rep"]  # (B, h, L, d_k)
+        grad_Q = self._group(grad_S) @ c["K"][:, :, None]  # (B, h_kv, n_rep, L, L) @ (B, h_kv, 1, L, d_k)
+        grad_Q = grad_Q.reshape(c["Q"].shape)  # (B, h_kv, n_rep, L, d_k) -> (B, h, L, d_k)
         grad_K = grad_S.transpose(0, 1, 3, 2) @ c["Q"]  # (B, h, L, d_k)
         grad_K, grad_V = self._sum_groups(grad_K), self._sum_groups(grad_V)  # -> (B, h_kv, L, d_k)
         # step 6: head split -> (B, h, L, d_k) -> (B, L, h*d_k)
