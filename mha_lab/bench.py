@@ -23,7 +23,14 @@ import numpy as np
 
 from mha_lab.analysis import count_flops
 from mha_lab.cpu import MultiHeadAttention, chunked_forward, head_by_head_forward, per_head_attention
-from mha_lab.measure import fit_exponent, interleaved_times, machine_info, median_time, peak_memory, torch_peak_memory
+from mha_lab.measure import (
+    fit_exponent,
+    gemm_flops_per_second,
+    interleaved_times,
+    machine_info,
+    peak_memory,
+    torch_peak_memory,
+)
 from mha_lab.tables import markdown_table
 from mha_lab.testing import tolerances
 
@@ -319,12 +326,7 @@ class _Shape:
 
 def _gemm_gflops(n: int, repeat: int) -> dict[str, float]:
     """GFLOP/s of an (n, n) @ (n, n) BLAS matrix product in float64 and float32: 2n^3 FLOPs."""
-    rng = np.random.default_rng(0)
-    result = {}
-    for dtype in ("float64", "float32"):
-        a, b = rng.standard_normal((n, n)).astype(dtype), rng.standard_normal((n, n)).astype(dtype)
-        result[dtype] = 2 * n**3 / median_time(lambda a=a, b=b: a @ b, repeat=repeat) / 1e9
-    return result
+    return {dtype: gemm_flops_per_second(n, dtype, repeat) / 1e9 for dtype in ("float64", "float32")}
 
 
 def run_suite(quick: bool = False, sections: tuple[str, ...] = SECTIONS, progress: bool = True,

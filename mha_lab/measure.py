@@ -21,13 +21,21 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 
 __all__ = ["interleaved_times", "median_time", "peak_memory", "torch_peak_memory", "fit_exponent",
+           "gemm_flops_per_second", "read_bytes_per_second",
            "blas_threads", "machine_info"]
 
 
-def interleaved_times(fns: dict[str, Callable[[], object]], repeat: int = 5, warmup: int = 1) -> dict[str, float]:
-    """Median wall time in seconds of each function, running them round-robin ``repeat`` times."""
+def interleaved_times(fns: dict[str, Callable[[], object]], repeat: int = 5, warmup: int = 1,
+                      statistic: str = "median") -> dict[str, float]:
+    """Median wall time in seconds of each function, running them round-robin ``repeat`` times.
+
+    ``statistic="min"`` reports the fastest run instead: for short calls on a busy machine,
+    where other work only ever adds time.
+    """
     if repeat < 1:
         raise ValueError(f"repeat must be at least 1, got {repeat}")
+    if statistic not in ("median", "min"):
+        raise ValueError(f"statistic must be 'median' or 'min', got {statistic!r}")
     for _ in range(warmup):
         for fn in fns.values():
             fn()
@@ -37,7 +45,8 @@ def interleaved_times(fns: dict[str, Callable[[], object]], repeat: int = 5, war
             start = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - start)
-    return {name: float(np.median(t)) for name, t in times.items()}
+    reduce = np.median if statistic == "median" else np.min
+    return {name: float(reduce(t)) for name, t in times.items()}
 
 
 def median_time(fn: Callable[[], object], repeat: int = 5, warmup: int = 1) -> float:
@@ -92,6 +101,22 @@ def torch_peak_memory(fn: Callable[[], object]) -> int:
         running += e.self_cpu_memory_usage
         peak = max(peak, running)
     return int(peak)
+
+
+def gemm_flops_per_second(n: int = 1024, dtype="float32", repeat: int = 5) -> float:
+    """FLOP/s of an (n, n) @ (n, n) BLAS matrix product, 2n^3 FLOPs: the arithmetic ceiling here."""
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((n, n)).astype(dtype), rng.standard_normal((n, n)).astype(dtype)
+    return 2 * n**3 / median_time(lambda: a @ b, repeat=repeat)
+
+
+def read_bytes_per_second(n_bytes: int = 2**28, repeat: int = 5) -> float:
+    """Bytes per second at which NumPy reads (sums) an array of ``n_bytes``: the memory ceiling here.
+
+    The array is far larger than the CPU caches, so every byte comes from main memory.
+    """
+    x = np.ones(n_bytes // 8)
+    return x.nbytes / median_time(x.sum, repeat=repeat)
 
 
 def fit_exponent(xs: Sequence[float], ys: Sequence[float]) -> float:

@@ -3,13 +3,41 @@
 import numpy as np
 import pytest
 
-from mha_lab.measure import blas_threads, fit_exponent, interleaved_times, median_time, peak_memory, torch_peak_memory
+from mha_lab.measure import (
+    blas_threads,
+    fit_exponent,
+    gemm_flops_per_second,
+    interleaved_times,
+    median_time,
+    peak_memory,
+    read_bytes_per_second,
+    torch_peak_memory,
+)
 
 
 def test_interleaved_times_runs_the_candidates_round_robin():
     order = []
     times = interleaved_times({"a": lambda: order.append("a"), "b": lambda: order.append("b")}, repeat=3, warmup=1)
     assert order == ["a", "b"] * 4 and set(times) == {"a", "b"}
+
+
+def test_interleaved_times_can_report_the_fastest_run():
+    durations = iter([0.0, 0.02, 0.0, 0.0])  # warm-up, then a slow run among fast ones
+
+    def sleepy():
+        import time
+
+        time.sleep(next(durations))
+
+    fastest = interleaved_times({"a": sleepy}, repeat=3, warmup=1, statistic="min")["a"]
+    assert fastest < 0.01
+    with pytest.raises(ValueError, match="statistic"):
+        interleaved_times({"a": sleepy}, statistic="mean")
+
+
+def test_machine_ceilings_are_positive_rates():
+    assert gemm_flops_per_second(n=64, repeat=1) > 0
+    assert read_bytes_per_second(n_bytes=2**20, repeat=1) > 0
 
 
 def test_median_time_runs_warmup_plus_repeats():
