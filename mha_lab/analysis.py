@@ -14,7 +14,8 @@ import numpy as np
 
 __all__ = [
     "flops_breakdown", "count_flops", "backward_flops_breakdown", "count_backward_flops", "memory_breakdown",
-    "count_memory_bytes", "dtype_bytes", "ModelConfig", "MODEL_CONFIGS", "kv_cache_bytes", "gib", "gb",
+    "count_memory_bytes", "dtype_bytes", "ModelConfig", "MODEL_CONFIGS", "kv_cache_bytes", "decode_step_cost",
+    "GPU_PEAKS", "gib", "gb",
 ]
 
 _EXTRA_DTYPES = {"bfloat16": 2, "bf16": 2, "fp16": 2, "fp32": 4, "fp64": 8, "fp8": 1, "float8": 1}
@@ -146,6 +147,7 @@ class ModelConfig:
     n_kv_heads: int
     head_dim: int
     sliding_window: int | None = None
+    max_context: int | None = None  # the longest context the model was trained for, in tokens
 
     @property
     def kind(self) -> str:
@@ -156,15 +158,26 @@ class ModelConfig:
 
 
 MODEL_CONFIGS: dict[str, ModelConfig] = {c.name: c for c in [
-    ModelConfig("GPT-2 small", n_layers=12, d_model=768, n_heads=12, n_kv_heads=12, head_dim=64),
-    ModelConfig("GPT-2 XL", n_layers=48, d_model=1600, n_heads=25, n_kv_heads=25, head_dim=64),
-    ModelConfig("GPT-3 175B", n_layers=96, d_model=12288, n_heads=96, n_kv_heads=96, head_dim=128),
-    ModelConfig("Llama-2-7B", n_layers=32, d_model=4096, n_heads=32, n_kv_heads=32, head_dim=128),
-    ModelConfig("Llama-2-70B", n_layers=80, d_model=8192, n_heads=64, n_kv_heads=8, head_dim=128),
-    ModelConfig("Llama-3-8B", n_layers=32, d_model=4096, n_heads=32, n_kv_heads=8, head_dim=128),
+    ModelConfig("GPT-2 small", n_layers=12, d_model=768, n_heads=12, n_kv_heads=12, head_dim=64, max_context=1024),
+    ModelConfig("GPT-2 XL", n_layers=48, d_model=1600, n_heads=25, n_kv_heads=25, head_dim=64, max_context=1024),
+    ModelConfig("GPT-3 175B", n_layers=96, d_model=12288, n_heads=96, n_kv_heads=96, head_dim=128,
+                max_context=2048),
+    ModelConfig("Llama-2-7B", n_layers=32, d_model=4096, n_heads=32, n_kv_heads=32, head_dim=128,
+                max_context=4096),
+    ModelConfig("Llama-2-70B", n_layers=80, d_model=8192, n_heads=64, n_kv_heads=8, head_dim=128,
+                max_context=4096),
+    ModelConfig("Llama-3-8B", n_layers=32, d_model=4096, n_heads=32, n_kv_heads=8, head_dim=128,
+                max_context=8192),
     ModelConfig("Mistral-7B", n_layers=32, d_model=4096, n_heads=32, n_kv_heads=8, head_dim=128,
-                sliding_window=4096),
+                sliding_window=4096, max_context=8192),
 ]}
+
+
+GPU_PEAKS: dict[str, tuple[float, float]] = {
+    # datasheet peaks: dense 16-bit tensor-core FLOP/s, and memory bandwidth in bytes/s
+    "A100 SXM 80GB": (312e12, 2.039e12),
+    "H100 SXM": (989e12, 3.35e12),
+}
 
 
 def kv_cache_bytes(config: ModelConfig, seq_len: int, batch_size: int = 1, dtype="float16") -> int:
@@ -177,6 +190,33 @@ def kv_cache_bytes(config: ModelConfig, seq_len: int, batch_size: int = 1, dtype
         raise ValueError(f"seq_len must be >= 0 and batch_size >= 1, got {seq_len} and {batch_size}")
     positions = seq_len if config.sliding_window is None else min(seq_len, config.sliding_window)
     return 2 * config.n_layers * config.n_kv_heads * config.head_dim * positions * batch_size * dtype_bytes(dtype)
+
+
+def decode_step_cost(d_model: int, n_heads: int, n_kv_heads: int, context_len: int, batch_size: int = 1,
+                     dtype="float16", softmax_flops: int = 5) -> dict[str, int]:
+    r"""FLOPs done and bytes read by one decoding step of one attention layer: one new token per sequence
+    against ``context_len`` cached positions (the new one included).
+
+    ============= ========================================= ===========================
+    proj_flops    :math:`2B(2d^2 + 2d\,g d_k)`              Q, K, V, O for one token
+    attn_flops    :math:`4Bh\,t\,d_k + c\,Bh\,t`           scores, weighted values, softmax
+    weight_bytes  :math:`(2d^2 + 2d\,g d_k)\,s`             read once, shared by the batch
+    cache_bytes   :math:`2B\,g\,t\,d_k\,s`                 every sequence's K and V
+    ============= ========================================= ===========================
+
+    with :math:`t` = ``context_len``, :math:`g` = ``n_kv_heads`` and :math:`s` bytes per
+    element. The token's own activations (a few :math:`Bd` vectors) are left out.
+    """
+    B, t, d, h, g = batch_size, context_len, d_model, n_heads, n_kv_heads
+    d_k = _check_dims(t, d, h, g)
+    s = dtype_bytes(dtype)
+    weights = 2 * d * d + 2 * d * g * d_k  # W_Q, W_O: d x d; W_K, W_V: d x g d_k
+    return {
+        "proj_flops": 2 * B * weights,
+        "attn_flops": 4 * B * h * t * d_k + softmax_flops * B * h * t,
+        "weight_bytes": weights * s,
+        "cache_bytes": 2 * B * g * t * d_k * s,
+    }
 
 
 def gib(n_bytes: float) -> float:

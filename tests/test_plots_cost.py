@@ -6,6 +6,7 @@ matplotlib.use("Agg")
 
 import pytest  # noqa: E402
 
+from mha_lab.analysis import MODEL_CONFIGS  # noqa: E402
 from mha_lab.measure import fit_exponent  # noqa: E402
 from mha_lab.plots import cost  # noqa: E402
 
@@ -62,3 +63,11 @@ def test_mistral_cache_stops_growing_at_its_window():
     mistral = next(line for line in fig.axes[0].lines if line.get_label().startswith("Mistral-7B"))
     y = mistral.get_ydata()
     assert y[1] == y[2] > y[0]
+
+
+def test_each_model_line_ends_at_its_maximum_context():
+    fig = cost.plot_kv_cache_vs_context(lengths=[256, 1024, 4096, 16384])
+    lines = {line.get_label(): line for line in fig.axes[0].lines if not line.get_label().startswith("_")}
+    for c in MODEL_CONFIGS.values():
+        line = next(v for k, v in lines.items() if k.startswith(c.name + " ("))
+        assert line.get_xdata()[-1] == c.max_context, c.name

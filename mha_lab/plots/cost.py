@@ -124,15 +124,21 @@ def plot_flops_vs_length(d_model: int = 4096, n_heads: int = 32, lengths: Sequen
 
 def plot_kv_cache_vs_context(lengths: Sequence[int] | None = None, dtype="float16",
                              configs: Iterable[ModelConfig] | None = None) -> Figure:
-    """KV cache of one sequence against context length, one line per model, log-log, in GiB."""
-    L = np.asarray(lengths if lengths is not None else np.geomspace(256, 131072, 50).astype(int))
+    """KV cache of one sequence against context length, one line per model, log-log, in GiB.
+
+    A model's line ends, with a dot, at its ``max_context``: longer contexts are hypothetical.
+    """
+    L = np.asarray(lengths if lengths is not None else np.geomspace(128, 8192, 40).astype(int))
     fig, ax = new_figure(4.6)
     for c in configs or MODEL_CONFIGS.values():
         style = {"MHA": "-", "GQA": "--", "MQA": ":"}[c.kind]
-        ax.loglog(L, [gib(kv_cache_bytes(c, int(n), dtype=dtype)) for n in L], style,
-                  label=f"{c.name} ({c.kind}, {c.n_kv_heads} KV heads)")
+        n = L if c.max_context is None else np.append(L[L < c.max_context], c.max_context)
+        y = [gib(kv_cache_bytes(c, int(t), dtype=dtype)) for t in n]
+        (line,) = ax.loglog(n, y, style, label=f"{c.name} ({c.kind}, {c.n_kv_heads} KV heads)")
+        if c.max_context is not None:
+            ax.plot(n[-1], y[-1], "o", color=line.get_color())
     return _finish(fig, ax, legend="below", xlabel="context length (tokens)",
-                   ylabel=f"KV cache per sequence (GiB, {dtype})", title="KV cache against context length")
+                   ylabel=f"KV cache (GiB, {dtype})", title="KV cache of one sequence against context length")
 
 
 def peak_memory_vs_length(lengths: Sequence[int] = (128, 256, 512, 1024, 2048), d_model: int = 256,
