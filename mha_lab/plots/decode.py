@@ -1,0 +1,93 @@
+"""Decoding with a KV cache, measured here: time per token against context length, and what a
+decoding step computes per byte it reads (its arithmetic intensity).
+
+Tables come back as Markdown strings, figures as checked matplotlib figures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import partial
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from mha_lab.analysis import ModelConfig, decode_step_cost
+from mha_lab.cpu import GroupedQueryAttention, KVCache, decode_step
+from mha_lab.measure import interleaved_times
+from mha_lab.plots.style import check, legend_outside, new_figure
+from mha_lab.tables import markdown_table
+
+__all__ = ["decode_times", "plot_decode_times", "decode_times_table", "intensity_table"]
+
+
+def decode_times(context_lengths: Sequence[int], d_model: int = 1024, n_heads: int = 8,
+                 kv_heads: dict[str, int] | None = None, batch_size: int = 1, dtype="float32",
+                 repeat: int = 9) -> dict[str, list[float]]:
+    """Seconds of one ``decode_step`` at each context length, per head layout, timed side by side.
+
+    ``kv_heads`` maps a label to h_kv (default MHA, GQA with h/4, MQA). The cache is filled
+    with random keys and values first: a step's time does not depend on their values, so no
+    prefill is timed. The warm-up and ``repeat`` steps add a few positions to each context.
+    Each time is the fastest of ``repeat`` steps: on a shared machine other work only adds time.
+    """
+    kv_heads = kv_heads or {"MHA": n_heads, "GQA": max(1, n_heads // 4), "MQA": 1}
+    rng = np.random.default_rng(0)
+    layers = {name: GroupedQueryAttention(d_model, n_heads, g, seed=0, dtype=dtype) for name, g in kv_heads.items()}
+    x = rng.standard_normal((batch_size, 1, d_model)).astype(dtype)  # (B, 1, d_model): one new token
+    times: dict[str, list[float]] = {name: [] for name in layers}
+    for t in context_lengths:
+        steps = {}
+        for name, layer in layers.items():
+            cache = KVCache.for_layer(layer, batch_size, max_len=t + repeat + 1)
+            k = rng.standard_normal((batch_size, layer.num_kv_heads, t, layer.d_k), dtype=np.float32).astype(dtype)
+            cache.append(k, k)  # (B, h_kv, t, d_k): t positions already decoded
+            steps[name] = partial(decode_step, layer, x, cache)
+        for name, seconds in interleaved_times(steps, repeat, warmup=1, statistic="min").items():
+            times[name].append(seconds)
+    return times
+
+
+def plot_decode_times(context_lengths: Sequence[int], times: dict[str, Sequence[float]],
+                      d_model: int, n_heads: int) -> Figure:
+    """Measured time per decoded token (ms) against context length, one line per layout, log-log."""
+    fig, ax = new_figure(3.6)
+    for name, seconds in times.items():
+        ax.loglog(context_lengths, np.asarray(seconds) * 1e3, "o-", label=name)
+    ax.set_xticks(context_lengths, [f"{t:,}" for t in context_lengths], minor=False)
+    ax.minorticks_off()
+    ax.set(xlabel="context length (tokens)", ylabel="time per token (ms)",
+           title=f"One layer decoding, d_model = {d_model}, h = {n_heads}")
+    ax.grid(True, which="major", alpha=0.3)
+    legend_outside(ax)
+    return check(fig)
+
+
+def decode_times_table(context_lengths: Sequence[int], times: dict[str, Sequence[float]], d_model: int,
+                       n_heads: int, kv_heads: dict[str, int], dtype="float32") -> str:
+    """Time per token (ms) and the bytes a step reads per second (GB/s), per layout and context length."""
+    names = list(times)
+    rows = []
+    for i, t in enumerate(context_lengths):
+        row = [f"{t:,}"]
+        for name in names:
+            cost = decode_step_cost(d_model, n_heads, kv_heads[name], t, dtype=dtype)
+            seconds = times[name][i]
+            row += [f"{seconds * 1e3:.2g}", f"{(cost['weight_bytes'] + cost['cache_bytes']) / seconds / 1e9:.2g}"]
+        row.append(f"{times[names[0]][i] / times[names[1]][i]:.1f}")
+        rows.append(row)
+    header = ["context"] + [f"{n} {unit}" for n in names for unit in ("(ms)", "(GB/s)")]
+    return markdown_table(header + [f"{names[0]} / {names[1]}"], rows)
+
+
+def intensity_table(configs: Sequence[ModelConfig], context_len: int, batch_sizes: Sequence[int],
+                    dtype="float16") -> str:
+    """FLOPs per byte read of one decoding step of one layer, whole step and attention alone."""
+    rows = []
+    for c in configs:
+        for B in batch_sizes:
+            cost = decode_step_cost(c.d_model, c.n_heads, c.n_kv_heads, context_len, B, dtype)
+            flops, read = cost["proj_flops"] + cost["attn_flops"], cost["weight_bytes"] + cost["cache_bytes"]
+            rows.append((f"{c.name} ({c.kind})", B, f"{flops / 1e6:,.0f}", f"{read / 2**20:,.0f}",
+                         f"{flops / read:.2g}", f"{cost['attn_flops'] / cost['cache_bytes']:.2g}"))
+    return markdown_table(["model", "batch", "MFLOP", "MiB read", "FLOPs / byte", "attention alone"], rows)
