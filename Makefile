@@ -10,7 +10,7 @@ A ?=
 .PHONY: help book test assignments grade bench serve lint clean
 
 help:
-	@echo "make book | test | assignments | grade A=<assignment> | bench | serve | lint | clean"
+	@echo "make book | test | assignments | grade [A=<assignment>] | bench | serve | lint | clean"
 
 # (Re)create the virtual environment whenever requirements.txt changes.
 $(STAMP): requirements.txt pyproject.toml
@@ -40,10 +40,10 @@ test: $(STAMP)
 assignments: $(STAMP)
 	for a in $(if $(A),$(A),$$(ls solutions)); do PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/nbgrader generate_assignment "$$a" --force; done
 
-# Autograde, feedback and export for everything in submitted/; e.g. GRADE_ARGS=--trusted
+# Grade submitted/ (A=<assignment>, or every assignment with submissions), each submission in a
+# sandbox; writes gradebook.db, feedback/ and grades_<assignment>.csv. E.g. GRADE_ARGS="--jobs 4".
 grade: $(STAMP)
-	@test -n "$(A)" || { echo "usage: make grade A=<assignment>, e.g. A=ps1_per_head_loop" >&2; exit 2; }
-	$(BIN)/python -m mha_lab.grading.batch $(A) --jobs 2 $(GRADE_ARGS)
+	$(BIN)/python -m mha_lab.grading $(A) --course . --jobs 2 $(GRADE_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python -m mha_lab bench $(BENCH_ARGS)

@@ -52,6 +52,8 @@ COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "bench": (_bench, "time and measure every attention implementation side by side (--gpu: the Triton kernel)"),
     "compile": (_module("mha_lab.cuda.compiled"),
                 "build the Triton kernel for an A100 and an H100 without a GPU: shared memory, registers, spills"),
+    "grade": (_module("mha_lab.grading.__main__"),
+              "grade submissions, each in a sandbox, judged outside it (make grade A=...; --help for options)"),
     "grade-bench": (_module("mha_lab.grade_bench"),
                     "grade a generated class of 200 ps1 submissions and time it (--n for fewer)"),
 }

@@ -1,8 +1,8 @@
 """The batch grader (``make grade``) on a small course: broken submissions do not stop the batch.
 
-One tiny assignment, ``demo`` (3 points), graded with the real nbgrader: a good submission, a
-corrupt notebook, a missing notebook, a function that hangs, a kernel that dies, and a
-notebook that switches the hidden checks off, which only the trusted re-judging catches.
+One tiny assignment, ``demo`` (3 points), graded with the real nbgrader and the real sandbox: a
+good submission, a corrupt notebook, a missing notebook, a function that hangs, a process that
+exits, and a notebook that rigs its own kernel (nothing it does there reaches the judge).
 """
 
 from __future__ import annotations
@@ -16,8 +16,10 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
-from mha_lab.grading import batch
-from mha_lab.grading.runner import HIDDEN_DIR_ENV
+from mha_lab.grading import __main__ as cli
+from mha_lab.grading import batch, report, sandbox
+from mha_lab.grading import course as courses
+from mha_lab.grading.judge import HIDDEN_DIR_ENV
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -74,8 +76,9 @@ SUBMISSIONS = {
     "hangs": "def double(x):\n    while True:\n        pass",
     "crashes": "import os\nos._exit(1)",
     "cheats": textwrap.dedent("""
-        import mha_lab.grading
-        mha_lab.grading.run_hidden_checks = lambda *args, **kwargs: None  # no hidden checks, please
+        import mha_lab.grading.checks as c
+        c.expect_close = c.expect_true = lambda *args, **kwargs: None  # in the sandbox only
+        np.allclose = lambda *args, **kwargs: True
 
         def double(x):
             return 2 * x if np.ndim(x) == 0 and x in (0, 1) else x  # right on the visible asserts only
@@ -88,14 +91,11 @@ def course(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("demo_course")
     hidden = root / "hidden"
     hidden.mkdir()
-    shutil.copy(REPO / "tests" / "hidden" / "conftest.py", hidden)
     (hidden / "test_demo.py").write_text(HIDDEN)
     shutil.copy(REPO / "nbgrader_config.py", root)
     (root / "solutions" / "demo").mkdir(parents=True)
     nbformat.write(source_notebook(), root / "solutions" / "demo" / "demo.ipynb")
-    proc = batch.nbgrader(root, "generate_assignment", "demo", "--force", timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    release = nbformat.read(root / "assignments" / "demo" / "demo.ipynb", as_version=4)
+    release = courses.register(root, "demo")["demo.ipynb"]
     for student, answer in SUBMISSIONS.items():
         nb = nbformat.from_dict(release)
         next(c for c in nb.cells if c.get("id") == "ans_double").source = answer
@@ -105,6 +105,7 @@ def course(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (root / "submitted" / "corrupt" / "demo").mkdir(parents=True)
     (root / "submitted" / "corrupt" / "demo" / "demo.ipynb").write_text('{"cells": [ this is not JSON')
     (root / "submitted" / "missing" / "demo").mkdir(parents=True)
+    (root / "submitted" / "absent" / "another").mkdir(parents=True)  # a student who never submitted demo
     return root
 
 
@@ -112,8 +113,8 @@ def course(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def graded(course: Path) -> dict[str, batch.StudentResult]:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(HIDDEN_DIR_ENV, str(course / "hidden"))
-        results = batch.grade_assignment(course, "demo", jobs=2, timeout=120, progress=False,
-                                         extra=["--Execute.timeout=5"], trusted=True)
+        results = batch.grade_class(course, "demo", students=sorted(set(SUBMISSIONS) | {"corrupt", "missing"}),
+                                    jobs=2, limits=sandbox.Limits(seconds=20), progress=False)
     return {r.student: r for r in results}
 
 
@@ -121,6 +122,7 @@ def graded(course: Path) -> dict[str, batch.StudentResult]:
 def test_good_submission_gets_full_marks(graded):
     good = graded["good"]
     assert (good.score, good.max_score, good.error) == (3, 3, "")
+    assert set(good.timings) == {"queue", "run", "judge"} and all(t >= 0 for t in good.timings.values())
 
 
 @pytest.mark.slow
@@ -130,35 +132,48 @@ def test_corrupt_and_missing_notebooks_are_recorded_not_fatal(graded):
 
 
 @pytest.mark.slow
-def test_hanging_cell_times_out_and_loses_only_its_points(graded):
+def test_hanging_function_runs_out_of_time_and_scores_nothing(graded):
     hangs = graded["hangs"]
-    assert hangs.cells and hangs.score == 0 and hangs.max_score == 3
-    assert all("Timeout" in c.message or "KeyboardInterrupt" in c.message for c in hangs.cells), hangs.cells
+    assert hangs.score == 0 and hangs.max_score == 3 and "ran out of its 20 s" in hangs.error, hangs
 
 
 @pytest.mark.slow
-def test_dead_kernel_is_recorded(graded):
+def test_exiting_process_is_recorded(graded):
     crashed = graded["crashes"]
-    assert crashed.score == 0
-    assert crashed.error or all(c.message for c in crashed.cells), crashed
+    assert crashed.score == 0 and "exit code 1" in crashed.error, crashed
 
 
 @pytest.mark.slow
-def test_trusted_rejudging_catches_a_notebook_that_disables_the_checks(graded):
+def test_a_rigged_kernel_does_not_reach_the_judge(graded):
     cheats = graded["cheats"]
-    assert cheats.score == 0, batch.summary_table([cheats])
-    # the in-kernel verdict was full marks: the re-judging is what took them away
-    assert all(c.message.startswith("trusted re-judging") for c in cheats.cells), cheats.cells
+    assert cheats.score == 0, report.summary_table([cheats])
     assert "double(x): values differ" in " ".join(c.message for c in cheats.cells)
 
 
 @pytest.mark.slow
-def test_summary_table_and_csv(graded, course):
+def test_summary_table_feedback_and_a_merged_csv(graded, course):
     results = [graded[s] for s in sorted(graded)]
-    table = batch.summary_table(results)
+    table = report.summary_table(results)
     assert "NOT GRADED: missing notebook demo.ipynb" in table
     assert "double_values" in table.split("cheats", 1)[1].splitlines()[0]
-    batch.write_csv(results, course / "grades_demo.csv")
-    rows = {row["student"]: row for row in csv.DictReader(open(course / "grades_demo.csv"))}
+    out = course / "grades_demo.csv"
+    report.write_csv(results, out, everyone=["absent", *graded])
+    report.write_csv([graded["good"]], out)  # grading one student again keeps the others
+    rows = {row["student"]: row for row in csv.DictReader(open(out))}
     assert float(rows["good"]["score"]) == 3 and rows["corrupt"]["error"].startswith("demo.ipynb is not a valid")
+    assert rows["absent"]["error"] == "not submitted" and rows["absent"]["score"] == ""
+    assert set(rows) == {"absent", *graded} and float(rows["good"]["run_s"]) > 0
     assert (course / "feedback" / "good" / "demo" / "demo.html").is_file()
+    assert "values differ" in (course / "feedback" / "cheats" / "demo" / "demo.html").read_text()
+
+
+def test_cli_refuses_without_a_sandbox_and_names_the_fix(course, monkeypatch, capsys):
+    def no_sandbox():
+        raise sandbox.SandboxError(f"no sandbox: bwrap was not found; {sandbox.FIX}")
+
+    monkeypatch.setattr(sandbox, "check", no_sandbox)
+    assert cli.main(["demo", "--course", str(course)]) == 1
+    assert "apt-get install bubblewrap" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:
+        cli.main(["nothing", "--course", str(course)])
+    assert info.value.code == 2 and "no assignment 'nothing'" in capsys.readouterr().err

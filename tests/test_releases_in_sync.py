@@ -8,7 +8,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from mha_lab.grading import batch
+from mha_lab.grading import course as courses
 
 REPO = Path(__file__).resolve().parents[1]
 ASSIGNMENTS = sorted(p.name for p in (REPO / "solutions").iterdir() if (p / f"{p.name}.ipynb").is_file())
@@ -26,7 +26,7 @@ def regenerated(tmp_path_factory: pytest.TempPathFactory) -> Path:
     shutil.copy(REPO / "nbgrader_config.py", course)
     shutil.copytree(REPO / "solutions", course / "solutions")
     for a in ASSIGNMENTS:
-        proc = batch.nbgrader(course, "generate_assignment", a, "--force", timeout=300)
+        proc = courses.nbgrader(course, "generate_assignment", a, "--force", timeout=300)
         assert proc.returncode == 0, f"generate_assignment {a} failed:\n{proc.stderr[-2000:]}"
     return course
 

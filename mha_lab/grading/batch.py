@@ -1,36 +1,30 @@
-"""Grade a whole class: ``python -m mha_lab.grading.batch <assignment>`` (``make grade A=...``).
+"""Grade one submission (``grade_submission``), or a class on Dask ``distributed`` (``grade_class``).
 
-For every student in ``submitted/``: ``nbgrader autograde`` (``--jobs`` runs side by side; a
-broken submission stops nobody else), then ``nbgrader generate_feedback`` and ``nbgrader export``.
-Prints a summary table (student, score, max, failed properties with the first line of each
-failure) and writes it as ``grades_<assignment>.csv``. A submission that cannot be graded (invalid
-JSON, a missing notebook, a crashed kernel, nbgrader's own error) gets 0 and its reason.
-
-``--trusted`` re-judges every submission outside the student's kernel (``mha_lab.grading.remote``):
-the student's functions run in a separate process, the hidden checks run here, and a tests
-cell keeps its points only if both verdicts pass.
+One submission: its notebooks are merged with the release, run in a sandbox by the worker, and
+every tests cell is judged here by its hidden checks calling into that sandbox. A class: the same
+function mapped over the students on a ``LocalCluster`` (or any cluster, by scheduler address); a
+task whose Dask worker dies is tried once more, then recorded with its reason. The gradebook, the
+autograded notebooks and the feedback are written by this process after every sandbox is gone.
 """
 
 from __future__ import annotations
 
-import argparse
-import csv
-import os
-import re
-import subprocess
-import sys
-import threading
-from collections.abc import Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import nbformat
 from tqdm import tqdm
 
-__all__ = ["CellResult", "StudentResult", "grade_assignment", "summary_table", "write_csv", "main"]
+from mha_lab.grading import course as courses
+from mha_lab.grading import judge
+from mha_lab.grading.sandbox import Limits
+from mha_lab.grading.worker import RemoteSubmission, Worker
 
-COURSE_ID = "mha_lab"  # as in nbgrader_config.py
+__all__ = ["CellResult", "StudentResult", "Assignment", "grade_submission", "grade_class"]
+
+DEFAULT_LIMITS = Limits()
 
 
 @dataclass
@@ -41,6 +35,7 @@ class CellResult:
     score: float
     max_score: float
     message: str = ""
+    notebook: str = ""
 
 
 @dataclass
@@ -52,279 +47,130 @@ class StudentResult:
     max_score: float = 0.0
     cells: list[CellResult] = field(default_factory=list)
     error: str = ""
+    timings: dict[str, float] = field(default_factory=dict)  # seconds: queue, run, judge
+    notebooks: dict[str, dict] = field(default_factory=dict)  # name -> the executed notebook, for feedback
 
     @property
     def failed(self) -> list[CellResult]:
         return [c for c in self.cells if c.score < c.max_score]
 
 
-# --- running nbgrader ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Assignment:
+    """What grading any submission of one assignment needs: its releases and its hidden checks."""
+
+    name: str
+    releases: dict[str, dict]
+    hidden: Path
 
 
-def nbgrader(course: Path, *args: str, timeout: float | None = None) -> subprocess.CompletedProcess:
-    """Run ``nbgrader <args>`` in the course folder (its nbgrader_config.py applies)."""
-    bin_dir = str(Path(sys.executable).parent)  # nbgrader calls the ``alembic`` script of its environment
-    env = {**os.environ, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", "")}
-    return subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=course, env=env, capture_output=True,
-                          text=True, timeout=timeout, check=False)
+def _tests_cells(release: dict) -> list[tuple[str, float]]:
+    return [(c["metadata"]["nbgrader"]["grade_id"], float(c["metadata"]["nbgrader"].get("points", 0)))
+            for c in release["cells"] if c["metadata"].get("nbgrader", {}).get("grade") and c["cell_type"] == "code"]
 
 
-def _nbgrader_error(proc: subprocess.CompletedProcess) -> str:
-    """The most telling line of a failed nbgrader run."""
-    lines = [ln.strip() for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip()]
-    for marker in ("DeadKernelError", "Kernel died", "CellTimeoutError", "Error:", "ERROR"):
-        hits = [ln for ln in lines if marker in ln]
-        if hits:
-            return hits[0][:300]
-    return lines[-1][:300] if lines else f"nbgrader exited with code {proc.returncode}"
-
-
-def release_notebooks(course: Path, assignment: str) -> list[str]:
-    """Names of the assignment's notebooks (from the release folder, else the source folder)."""
-    for folder in ("assignments", "solutions"):
-        found = sorted(p.name for p in (course / folder / assignment).glob("*.ipynb"))
-        if found:
-            return found
-    raise FileNotFoundError(f"assignment {assignment!r} has no notebooks in {course}/assignments or solutions")
-
-
-def submission_problem(course: Path, assignment: str, student: str) -> str:
-    """Why a submission cannot be graded ('' when it looks gradable): missing or unreadable notebook."""
-    folder = course / "submitted" / student / assignment
-    for name in release_notebooks(course, assignment):
-        path = folder / name
-        if not path.is_file():
-            return f"missing notebook {name}"
-        try:
-            nbformat.validate(nbformat.read(path, as_version=4))
-        except Exception as exc:  # noqa: BLE001 - invalid JSON, wrong schema...: the reason is the message
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            return f"{name} is not a valid notebook ({type(exc).__name__}: {first[:200]})"
-    return ""
-
-
-def students(course: Path, assignment: str) -> list[str]:
-    """Every student with a folder ``submitted/<student>/<assignment>/``."""
-    return sorted(p.parent.name for p in (course / "submitted").glob(f"*/{assignment}") if p.is_dir())
-
-
-# --- reading the results -------------------------------------------------------------------------
-
-
-def _first_line(evalue: str) -> str:
-    """The informative line of a failure: the first failing hidden check, or the assert's own text."""
-    lines = [ln.strip() for ln in evalue.splitlines() if ln.strip()]
-    if len(lines) > 1 and "hidden check(s) failed" in lines[0]:
-        return lines[1].lstrip("- ")
-    return lines[0] if lines else ""
-
-
-def failure_messages(course: Path, assignment: str, student: str) -> dict[str, str]:
-    """grade_id -> first line of the error of each tests cell that raised, from the autograded notebooks."""
-    messages = {}
-    for path in sorted((course / "autograded" / student / assignment).glob("*.ipynb")):
-        nb = nbformat.read(path, as_version=4)
-        for cell in nb.cells:
-            grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
-            for out in cell.get("outputs", []):
-                if grade_id and out.get("output_type") == "error":
-                    text = _first_line(out.get("evalue", ""))
-                    messages[grade_id] = f"{out.get('ename', 'Error')}: {text}" if text else out.get("ename", "")
-    return messages
-
-
-def read_grades(course: Path, assignment: str, student: str) -> list[CellResult]:
-    """Per-cell points from the gradebook, with the failure message of each cell that lost points."""
-    from nbgrader.api import Gradebook, MissingEntry
-
-    messages = failure_messages(course, assignment, student)
-    cells = []
-    with Gradebook(f"sqlite:///{course / 'gradebook.db'}", course_id=COURSE_ID) as gb:
-        try:
-            submission = gb.find_submission(assignment, student)
-        except MissingEntry:
-            return []
-        for notebook in submission.notebooks:
-            for grade in notebook.grades:
-                score = grade.score or 0.0
-                message = messages.get(grade.name, "") if score < grade.max_score else ""
-                cells.append(CellResult(grade.name, float(score), float(grade.max_score), message))
-    return cells
-
-
-# --- grading -------------------------------------------------------------------------------------
-
-
-def grade_student(course: Path, assignment: str, student: str, timeout: float,
-                  extra: Sequence[str] = ()) -> StudentResult:
-    """Autograde one submission; never raises: a failure is recorded in ``error``."""
-    result = StudentResult(student)
-    problem = submission_problem(course, assignment, student)
-    if problem:
-        result.error = problem
-        return result
-    try:
-        proc = nbgrader(course, "autograde", assignment, "--student", student, "--force", *extra, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        result.error = f"autograde took longer than {timeout:.0f} s"
-        return result
-    result.cells = read_grades(course, assignment, student)
-    result.score = sum(c.score for c in result.cells)
+def grade_submission(folder: Path, assignment: Assignment, limits: Limits = DEFAULT_LIMITS, *, unsafe: bool = False,
+                     student: str = "", queued_at: float | None = None) -> StudentResult:
+    """Grade the submission in ``folder``: run it in a sandbox, judge every tests cell here. Never raises."""
+    start = time.time()
+    result = StudentResult(student or Path(folder).parent.name)
+    result.timings["queue"] = start - queued_at if queued_at else 0.0
+    result.cells = [CellResult(g, 0.0, p, notebook=Path(n).stem) for n, r in assignment.releases.items()
+                    for g, p in _tests_cells(r)]
     result.max_score = sum(c.max_score for c in result.cells)
-    if proc.returncode != 0 or "ERROR" in proc.stderr:
-        result.error = _nbgrader_error(proc)
-    if not result.cells and not result.error:
-        result.error = "no grades recorded"
+    try:
+        submitted = {n: courses.submitted_notebook(folder, n) for n in assignment.releases}
+    except ValueError as exc:
+        result.error = str(exc)
+        return result
+    module = judge.load(assignment.hidden)
+    allowed = getattr(module, "ALLOWED_HELPERS", ())
+    run_s = judge_s = 0.0
+    for name, release in assignment.releases.items():
+        nb = courses.merge(nbformat.from_dict(release), submitted[name])
+        code = [c for c in nb.cells if c.cell_type == "code"]
+        sources = [c.source for c in code]
+        t0 = time.time()
+        worker = Worker(Path(folder), limits, unsafe=unsafe)
+        try:
+            try:
+                reply = worker.request({"op": "run", "cells": sources})
+                for cell, outputs in zip(code, reply.get("outputs", []), strict=False):
+                    cell.outputs = [_output(o) for o in outputs if isinstance(o, dict)]
+                names = [n for n in reply.get("names", []) if isinstance(n, str)]
+            except AssertionError as exc:
+                result.error, names = str(exc), []
+            t1 = time.time()
+            student = RemoteSubmission(worker, names, allowed, sources)
+            by_id = {c.metadata.get("nbgrader", {}).get("grade_id"): c for c in code}
+            for cell in (c for c in result.cells if c.notebook == Path(name).stem):
+                failures = judge.run_group(module, cell.grade_id, student)
+                cell.score = 0.0 if failures else cell.max_score
+                cell.message = judge.failure_message(cell.grade_id, failures) if failures else ""
+                if failures:
+                    by_id[cell.grade_id].outputs.append(nbformat.v4.new_output(
+                        "error", ename="HiddenCheckFailure", evalue=cell.message, traceback=[cell.message]))
+        finally:
+            worker.close()
+        run_s, judge_s = run_s + t1 - t0, judge_s + time.time() - t1
+        result.error = result.error or worker.stopped
+        result.notebooks[name] = nb
+    result.score = sum(c.score for c in result.cells)
+    result.timings.update(run=run_s, judge=judge_s)
     return result
 
 
-def _shard_errors(log: list[str]) -> dict[str, str]:
-    """student -> why nbgrader failed on that submission, from an autograde log covering many students."""
-    errors, student, segment = {}, None, []
-    for line in [*log, "Converting notebook /end/of/log/"]:
-        match = _CONVERTING.search(line)
-        if match:
-            if student and any("There was an error processing" in ln for ln in segment):
-                hits = [ln.strip() for ln in segment if _EXCEPTION.match(ln.strip())]
-                errors[student] = (hits[-1] if hits else "autograde failed")[:300]
-            student, segment = match.group(1), []
-        else:
-            segment.append(line)
-    return errors
+def _output(o: dict) -> nbformat.NotebookNode:
+    """An output the sandbox sent, rebuilt from its strings only (and cut to a readable size)."""
+    if o.get("output_type") == "error":
+        text = f"{str(o.get('ename'))[:100]}: {str(o.get('evalue'))[:2000]}"
+        return nbformat.v4.new_output("error", ename=str(o.get("ename"))[:100], evalue=str(o.get("evalue"))[:2000],
+                                      traceback=[text])
+    return nbformat.v4.new_output("stream", name="stdout", text=str(o.get("text", ""))[:20_000])
 
 
-_CONVERTING = re.compile(r"Converting notebook .*?submitted[\\/](?:\.[\\/])?([^\\/]+)[\\/]")
-_EXCEPTION = re.compile(r"^[\w.]*(Error|Exception|Interrupt)\b.*:")
+def grade_class(course: Path, assignment: str, *, students: Iterable[str] | None = None, jobs: int = 2,
+                scheduler: str | None = None, limits: Limits = DEFAULT_LIMITS, unsafe: bool = False,
+                progress: bool = True) -> list[StudentResult]:
+    """Grade every submission of ``assignment`` (or only ``students``), record grades and feedback."""
+    import dask
+    from distributed import Client, LocalCluster, as_completed
 
-
-def _autograde_shard(course: Path, assignment: str, excluded: list[str], extra: Sequence[str], timeout: float,
-                     bar: tqdm) -> list[str]:
-    """One ``nbgrader autograde`` run over every student not in ``excluded``; returns its log."""
-    bin_dir = str(Path(sys.executable).parent)
-    env = {**os.environ, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", "")}
-    cmd = [sys.executable, "-m", "nbgrader", "autograde", assignment, "--force", *extra]
-    if excluded:
-        cmd.append(f"--CourseDirectory.student_id_exclude={','.join(excluded)}")
-    proc = subprocess.Popen(cmd, cwd=course, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    timer = threading.Timer(timeout, proc.kill)
-    timer.start()
-    log, executing = [], False
-    try:
-        for line in proc.stdout:
-            log.append(line)
-            if "Converting notebook" in line:  # first a copy from submitted/, then the run in autograded/
-                executing = f"autograded{os.sep}" in line
-            elif executing and "Writing" in line:
-                bar.update(1)  # one notebook of one student is done
-                executing = False
-        proc.wait()
-    finally:
-        timer.cancel()
-    return log
-
-
-def grade_assignment(course: Path, assignment: str, *, jobs: int = 1, only: Iterable[str] | None = None,
-                     timeout: float = 900, extra: Sequence[str] = (), progress: bool = True,
-                     trusted: bool = False) -> list[StudentResult]:
-    """Autograde every submission, then generate feedback and export the grades; never stops early.
-
-    Submissions are split into ``jobs`` groups autograded side by side (one nbgrader run each);
-    a submission whose group run gave it no grades is retried alone, and its reason recorded.
-    ``timeout`` is in seconds per submission.
-    """
     course = Path(course).resolve()
-    names = sorted(only) if only is not None else students(course, assignment)
-    results = {s: StudentResult(s) for s in names}
+    spec = Assignment(assignment, courses.register(course, assignment), judge.hidden_module(assignment, course))
+    names = sorted(students) if students is not None else courses.students(course, assignment)
+    results: dict[str, StudentResult] = {}
+    with dask.config.set({"distributed.scheduler.allowed-failures": 0, "distributed.worker.daemon": False}):
+        cluster = None if scheduler else LocalCluster(n_workers=jobs, threads_per_worker=1, processes=True,
+                                                      dashboard_address=None, silence_logs=50)
+        with Client(scheduler or cluster) as client:
+            def submit(s: str, attempt: int) -> object:
+                future = client.submit(grade_submission, course / "submitted" / s / assignment, spec, limits,
+                                       unsafe=unsafe, student=s, queued_at=time.time(), pure=False,
+                                       key=f"grade-{assignment}-{s}-{attempt}")
+                future.student, future.attempt = s, attempt
+                return future
+
+            pending = as_completed([submit(s, 0) for s in names])
+            with tqdm(total=len(names), desc=f"grade {assignment}", unit="submission", disable=not progress) as bar:
+                for future in pending:
+                    try:
+                        results[future.student] = future.result()
+                    except Exception as exc:  # noqa: BLE001 - the Dask worker died (KilledWorker) or was lost
+                        if future.attempt == 0:
+                            pending.add(submit(future.student, 1))
+                            continue
+                        results[future.student] = StudentResult(future.student, error=f"grading failed twice: "
+                                                                f"{type(exc).__name__}: {exc}")
+                    bar.update(1)
+        if cluster is not None:
+            cluster.close()
     for s in names:
-        results[s].error = submission_problem(course, assignment, s)
-    gradable = [s for s in names if not results[s].error]
-    everyone = students(course, assignment)
-    shards = [gradable[i::max(1, jobs)] for i in range(max(1, jobs))]
-    n_notebooks = len(release_notebooks(course, assignment)) * len(gradable)
-    with tqdm(total=n_notebooks, desc=f"autograde {assignment}", unit="notebook", disable=not progress) as bar:
-        with ThreadPoolExecutor(max_workers=len(shards)) as pool:
-            logs = list(pool.map(lambda shard: _autograde_shard(
-                course, assignment, [s for s in everyone if s not in shard], extra, timeout * max(1, len(shard)),
-                bar) if shard else [], shards))
-    errors = {k: v for log in logs for k, v in _shard_errors(log).items()}
-    for s in gradable:
         r = results[s]
-        r.cells = read_grades(course, assignment, s)
-        if not r.cells and s not in errors:  # the group run stopped early: grade this one alone
-            r = results[s] = grade_student(course, assignment, s, timeout, extra)
-        r.error = r.error or errors.get(s, "")
-        r.score = sum(c.score for c in r.cells)
-        r.max_score = sum(c.max_score for c in r.cells)
-    if trusted:
-        from mha_lab.grading.remote import rejudge
-
-        for name in tqdm(gradable, desc="trusted re-judging", unit="student", disable=not progress):
-            r = results[name]
-            if r.cells:
-                try:
-                    rejudge(course, assignment, r)
-                except Exception as exc:  # noqa: BLE001 - unverified points are not given
-                    r.error = f"trusted re-judging failed: {type(exc).__name__}: {exc}"
-                    for cell in r.cells:
-                        cell.score = 0.0
-                    r.score = 0.0
-    if any(results[s].cells for s in names):
-        nbgrader(course, "generate_feedback", assignment, "--force", timeout=timeout * max(1, len(names)))
-        nbgrader(course, "export", timeout=timeout)
+        if r.notebooks or r.cells:
+            courses.record(course, assignment, s, {(c.notebook, c.grade_id): c.score for c in r.cells},
+                           {n: nbformat.from_dict(nb) for n, nb in r.notebooks.items()})
+    problem = courses.feedback(course, assignment, [s for s in names if results[s].notebooks])
+    for s in names:
+        results[s].error = results[s].error or problem
     return [results[s] for s in names]
-
-
-# --- reporting -----------------------------------------------------------------------------------
-
-
-def _failures(r: StudentResult) -> str:
-    parts = [f"{c.grade_id} ({c.message})" if c.message else c.grade_id for c in r.failed]
-    return "; ".join(parts)
-
-
-def summary_table(results: Sequence[StudentResult]) -> str:
-    """A plain-text table: student, score, max, and the failed properties (or why grading failed)."""
-    rows = [("student", "score", "max", "failed properties / error")]
-    for r in results:
-        detail = f"NOT GRADED: {r.error}" if r.error and not r.cells else _failures(r)
-        if r.error and r.cells:
-            detail = f"{detail} [{r.error}]".strip()
-        rows.append((r.student, f"{r.score:g}", f"{r.max_score:g}", detail))
-    widths = [max(len(row[i]) for row in rows) for i in range(3)]
-    lines = ["  ".join(row[i].ljust(widths[i]) for i in range(3)) + "  " + row[3] for row in rows]
-    lines.insert(1, "-" * max(len(line) for line in lines[:1]))
-    return "\n".join(lines)
-
-
-def write_csv(results: Sequence[StudentResult], path: Path) -> None:
-    """One row per student: score, max, error, and the failed grade_ids with their messages."""
-    with open(path, "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["student", "score", "max_score", "error", "failed"])
-        for r in results:
-            writer.writerow([r.student, r.score, r.max_score, r.error, _failures(r)])
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mha_lab.grading.batch", description=__doc__.splitlines()[0])
-    parser.add_argument("assignment")
-    parser.add_argument("--course", type=Path, default=Path.cwd(), help="course root (default: here)")
-    parser.add_argument("--student", action="append", help="grade only this student (repeatable)")
-    parser.add_argument("--jobs", type=int, default=1, help="submissions autograded at the same time")
-    parser.add_argument("--timeout", type=float, default=900, help="seconds per submission, all cells together")
-    parser.add_argument("--trusted", action="store_true", help="re-judge outside the students' kernels")
-    args, extra = parser.parse_known_args(argv)  # anything else goes to nbgrader, e.g. --Execute.timeout=10
-    results = grade_assignment(args.course, args.assignment, jobs=args.jobs, only=args.student,
-                               timeout=args.timeout, extra=extra, trusted=args.trusted)
-    if not results:
-        print(f"no submissions for {args.assignment} in {args.course / 'submitted'}", file=sys.stderr)
-        return 1
-    print(summary_table(results))
-    out = args.course / f"grades_{args.assignment}.csv"
-    write_csv(results, out)
-    print(f"\nwrote {out} (nbgrader's own export: {args.course / 'grades.csv'})")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

