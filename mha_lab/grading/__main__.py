@@ -44,13 +44,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"cannot grade: {exc}", file=sys.stderr)
             return 1
     limits = sandbox.Limits(memory=args.memory, seconds=args.timeout)
-    for a in todo:
-        results = batch.grade_class(root, a, students=args.student, jobs=args.jobs, scheduler=args.scheduler,
-                                    limits=limits, unsafe=args.unsafe_no_sandbox)
-        print(report.summary_table(results, unsafe=args.unsafe_no_sandbox))
-        out = root / f"grades_{a}.csv"
-        report.write_csv(results, out, everyone=course.students(root))
-        print(f"\nwrote {out}; gradebook {root / 'gradebook.db'}, feedback in {root / 'feedback'}\n")
+    with batch.dask_client(args.jobs, args.scheduler) as client:
+        for a in todo:
+            results = batch.grade_class(root, a, students=args.student, client=client, limits=limits,
+                                        unsafe=args.unsafe_no_sandbox)
+            print(report.summary_table(results, unsafe=args.unsafe_no_sandbox))
+            out = root / f"grades_{a}.csv"
+            report.write_csv(results, out, everyone=course.students(root))
+            print(f"\nwrote {out}; gradebook {root / 'gradebook.db'}, feedback in {root / 'feedback'}\n")
     return 0
 
 

@@ -10,9 +10,11 @@ autograded notebooks and the feedback are written by this process after every sa
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import nbformat
 from tqdm import tqdm
@@ -22,7 +24,7 @@ from mha_lab.grading import judge
 from mha_lab.grading.sandbox import Limits
 from mha_lab.grading.worker import RemoteSubmission, Worker
 
-__all__ = ["CellResult", "StudentResult", "Assignment", "grade_submission", "grade_class"]
+__all__ = ["CellResult", "StudentResult", "Assignment", "grade_submission", "dask_client", "grade_class"]
 
 DEFAULT_LIMITS = Limits()
 
@@ -129,42 +131,56 @@ def _output(o: dict) -> nbformat.NotebookNode:
     return nbformat.v4.new_output("stream", name="stdout", text=str(o.get("text", ""))[:20_000])
 
 
-def grade_class(course: Path, assignment: str, *, students: Iterable[str] | None = None, jobs: int = 2,
-                scheduler: str | None = None, limits: Limits = DEFAULT_LIMITS, unsafe: bool = False,
-                progress: bool = True) -> list[StudentResult]:
-    """Grade every submission of ``assignment`` (or only ``students``), record grades and feedback."""
+@contextmanager
+def dask_client(jobs: int = 2, scheduler: str | None = None) -> Iterator[Any]:
+    """A Dask client: of the scheduler at ``scheduler``, else of a LocalCluster of ``jobs`` processes."""
     import dask
-    from distributed import Client, LocalCluster, as_completed
+    from distributed import Client, LocalCluster
+
+    # a worker that dies fails its task at once (grade_class retries it once); workers may start sandboxes
+    with dask.config.set({"distributed.scheduler.allowed-failures": 0, "distributed.worker.daemon": False}):
+        if scheduler:
+            with Client(scheduler) as client:
+                yield client
+        else:
+            with LocalCluster(n_workers=jobs, threads_per_worker=1, processes=True, dashboard_address=None,
+                              silence_logs=50) as cluster, Client(cluster) as client:
+                yield client
+
+
+def grade_class(course: Path, assignment: str, *, students: Iterable[str] | None = None, client: Any = None,
+                jobs: int = 2, scheduler: str | None = None, limits: Limits = DEFAULT_LIMITS, unsafe: bool = False,
+                progress: bool = True) -> list[StudentResult]:
+    """Grade every submission of ``assignment`` (or only ``students``), record grades and feedback.
+
+    Runs on ``client``, else on ``dask_client(jobs, scheduler)``.
+    """
+    from distributed import as_completed
 
     course = Path(course).resolve()
     spec = Assignment(assignment, courses.register(course, assignment), judge.hidden_module(assignment, course))
     names = sorted(students) if students is not None else courses.students(course, assignment)
     results: dict[str, StudentResult] = {}
-    with dask.config.set({"distributed.scheduler.allowed-failures": 0, "distributed.worker.daemon": False}):
-        cluster = None if scheduler else LocalCluster(n_workers=jobs, threads_per_worker=1, processes=True,
-                                                      dashboard_address=None, silence_logs=50)
-        with Client(scheduler or cluster) as client:
-            def submit(s: str, attempt: int) -> object:
-                future = client.submit(grade_submission, course / "submitted" / s / assignment, spec, limits,
-                                       unsafe=unsafe, student=s, queued_at=time.time(), pure=False,
-                                       key=f"grade-{assignment}-{s}-{attempt}")
-                future.student, future.attempt = s, attempt
-                return future
+    with nullcontext(client) if client is not None else dask_client(jobs, scheduler) as client:
+        def submit(s: str, attempt: int) -> Any:
+            future = client.submit(grade_submission, course / "submitted" / s / assignment, spec, limits,
+                                   unsafe=unsafe, student=s, queued_at=time.time(), pure=False,
+                                   key=f"grade-{assignment}-{s}-{attempt}")
+            future.student, future.attempt = s, attempt
+            return future
 
-            pending = as_completed([submit(s, 0) for s in names])
-            with tqdm(total=len(names), desc=f"grade {assignment}", unit="submission", disable=not progress) as bar:
-                for future in pending:
-                    try:
-                        results[future.student] = future.result()
-                    except Exception as exc:  # noqa: BLE001 - the Dask worker died (KilledWorker) or was lost
-                        if future.attempt == 0:
-                            pending.add(submit(future.student, 1))
-                            continue
-                        results[future.student] = StudentResult(future.student, error=f"grading failed twice: "
-                                                                f"{type(exc).__name__}: {exc}")
-                    bar.update(1)
-        if cluster is not None:
-            cluster.close()
+        pending = as_completed([submit(s, 0) for s in names])
+        with tqdm(total=len(names), desc=f"grade {assignment}", unit="submission", disable=not progress) as bar:
+            for future in pending:
+                try:
+                    results[future.student] = future.result()
+                except Exception as exc:  # noqa: BLE001 - the Dask worker died (KilledWorker) or was lost
+                    if future.attempt == 0:
+                        pending.add(submit(future.student, 1))
+                        continue
+                    results[future.student] = StudentResult(future.student, error=f"grading failed twice: "
+                                                            f"{type(exc).__name__}: {exc}")
+                bar.update(1)
     for s in names:
         r = results[s]
         if r.notebooks or r.cells:

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 
 import nbformat
@@ -114,15 +115,13 @@ def merge(release: nbformat.NotebookNode, submitted: nbformat.NotebookNode) -> n
 def record(course: Path, assignment: str, student: str, scores: dict[tuple[str, str], float],
            notebooks: dict[str, nbformat.NotebookNode]) -> None:
     """Write one student's grades ((notebook, grade_id) -> points) and autograded notebooks."""
-    from nbgrader.api import Gradebook, MissingEntry
+    from nbgrader.api import Gradebook
 
     course = Path(course)
-    with Gradebook(f"sqlite:///{course / 'gradebook.db'}", course_id=COURSE_ID) as gb:
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}", course_id=COURSE_ID) as gb, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # SQLAlchemy's about nbgrader's own session handling
         gb.update_or_create_student(student)
-        try:
-            gb.find_submission(assignment, student)
-        except MissingEntry:
-            gb.add_submission(assignment, student)
+        gb.update_or_create_submission(assignment, student)
         for (notebook, grade_id), score in scores.items():
             gb.find_grade(grade_id, notebook, assignment, student).auto_score = score
         gb.db.commit()
