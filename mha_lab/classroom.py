@@ -34,7 +34,7 @@ __all__ = ["REPO", "Target", "Attack", "Student", "new_course", "read_notebook",
 
 REPO = Path(__file__).resolve().parents[1]  # a clone: solutions/, assignments/, tests/mutants, tests/adversarial
 SOLUTION_LINE = re.compile(r"^\s*### (BEGIN|END) SOLUTION\s*$")
-GRADER = ("-m", "mha_lab.grading.batch")  # python -m ... <assignment> --course DIR --jobs N --timeout S
+GRADER = ("-m", "mha_lab.grading")  # python -m ... <assignment> --course DIR --jobs N --timeout S
 
 
 # --- the course ---------------------------------------------------------------------------------
