@@ -287,3 +287,51 @@ if __name__ == "__main__":
     for path in stale:
         print(f"{'out of date' if check else 'wrote'}: {path.relative_to(ROOT)}")
     sys.exit(1 if check and stale else 0)
+
+
+# --------------------------------------------------------------------------------------------
+# What a reader sees (the browser test checks the rendered pages; these catch it in the source)
+# --------------------------------------------------------------------------------------------
+
+MAX_CODE_LINE = 85  # characters: what the text column shows at 1400 px without scrolling
+PLUMBING = re.compile(r"\b(glue|Markdown)\(")
+
+
+@pytest.mark.parametrize("stem", [*CHAPTERS, "11_grading"])
+def test_visible_code_fits_the_column_and_shows_no_plumbing(stem):
+    """Code a reader sees teaches: short lines, and no cell that only glues values or builds tables."""
+    problems = []
+    for cell in jupytext.read(page_source(stem)).cells:
+        tags = cell.metadata.get("tags", [])
+        if cell.cell_type != "code" or {"remove-input", "remove-cell"} & set(tags):
+            continue
+        for line in cell.source.splitlines():
+            if len(line) > MAX_CODE_LINE:
+                problems.append(f"{len(line)} characters: {line.strip()[:60]}")
+            if PLUMBING.search(line):
+                problems.append(f"plumbing in a shown cell (tag it remove-input): {line.strip()[:60]}")
+    assert not problems, f"{stem}.md:\n  " + "\n  ".join(problems)
+
+
+@pytest.mark.parametrize("stem", [*CHAPTERS, "11_grading"])
+def test_chapter_opens_with_its_goals_and_closes_with_a_summary(stem):
+    text = page_source(stem).read_text()
+    assert "In this chapter you will learn" in text, f"{stem}.md does not say what the reader will learn"
+    heads = re.findall(r"^## (.+?)\s*$", text, re.M)
+    assert "Summary" in heads, f"{stem}.md has no '## Summary' section"
+    if "Exercises" in heads:
+        assert heads.index("Summary") < heads.index("Exercises"), f"{stem}.md: the summary must precede the exercises"
+
+
+def test_code_excerpts_match_their_source():
+    """A listing marked '# excerpt of NAME in PATH' shows only lines that are in PATH (spacing aside)."""
+    found = 0
+    for md in sorted(BOOK.glob("*.md")):
+        for block in re.findall(r"^```python\n(# excerpt of \S+ in (\S+).*?\n.*?)^```", md.read_text(), re.M | re.S):
+            body, path = block
+            source = re.sub(r"\s+", "", (ROOT / path).read_text())
+            for line in body.splitlines()[1:]:
+                code = re.sub(r"\s+", "", line.split("  #")[0])
+                assert code in source, f"{md.name}: excerpt line not in {path}: {line.strip()}"
+            found += 1
+    assert found, "no excerpt found: the kernel chapter shows one"

@@ -3,7 +3,11 @@
 The book is built once per session (``built_site`` in conftest.py), served from ``_build/html`` on
 127.0.0.1, and every HTML page is loaded. Requests to any other host are aborted, so the check also
 proves the site works offline (MathJax and mermaid are vendored in ``book/_static/vendor``).
-Screenshots of three pages land in ``_build/screenshots/``.
+Pages are read at 1400 px, where the layout checks apply: no code, output or table wider than its
+column, no raw LaTeX or build plumbing in the text, a summary in every chapter and a numbered caption
+under every figure. (The size of the text inside figures is checked when ``mha_lab.plots`` saves
+them.) Screenshots land in ``_build/screenshots/``: the home, notation and first chapter pages, and
+chapters 2, 3 and 9 at 1400 px and at phone width.
 """
 
 from __future__ import annotations
@@ -11,7 +15,6 @@ from __future__ import annotations
 import functools
 import http.server
 import re
-import shutil
 import threading
 from html.parser import HTMLParser
 from pathlib import Path
@@ -24,7 +27,12 @@ CHROMIUM_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
     "--disable-component-update", "--disable-sync", "--disable-quic",
 ]
-SCREENSHOT_PAGES = ["book/intro.html", "book/notation.html", "book/01_intuition.html"]
+WIDTH = 1400
+PHONE_WIDTH = 390
+SCREENSHOT_PAGES = ["book/intro.html", "book/notation.html", "book/01_intuition.html", "book/02_math.html",
+                    "book/03_reshape.html", "book/09_tensor_parallel.html"]
+PHONE_SCREENSHOT_PAGES = ["book/02_math.html", "book/03_reshape.html", "book/09_tensor_parallel.html"]
+CHAPTER = re.compile(r"book/\d\d_\w+\.html")
 SKIP_DIRS = {"_static", "_sources", "_images", "_downloads"}
 
 needs_chromium = pytest.mark.skipif(
@@ -54,6 +62,46 @@ PAGE_REPORT_JS = """
     images: [...document.images].map(i => ({src: i.currentSrc || i.src, ok: i.complete && i.naturalWidth > 0})),
     mermaid: [...document.querySelectorAll('.mermaid')].map(e => !!e.querySelector('svg')),
     links: [...document.querySelectorAll('a[href]')].map(a => a.href),
+  };
+}
+"""
+
+
+# The layout and presentation checks, run on the same page: what a reader should never see (TeX source,
+# the cells that only glue values or build tables, error output), what must not overflow the column at
+# this width, a Summary in every chapter, a numbered caption under every figure, figures as SVG.
+LAYOUT_REPORT_JS = r"""
+() => {
+  const article = document.querySelector('article') || document.body;
+  const clone = article.cloneNode(true);
+  clone.querySelectorAll('pre, code, script, style, mjx-container, .mermaid, .highlight').forEach(e => e.remove());
+  const text = clone.innerText;
+  return {
+    // what a reader should never see: TeX source, and the cells that only glue values or build tables
+    rawTex: ['$', '\_'].filter(t => text.includes(t)).map(t => {
+      const i = text.indexOf(t); return text.slice(Math.max(0, i - 30), i + 30).replace(/\s+/g, ' ');
+    }),
+    plumbing: [...article.querySelectorAll('.cell_input, div.highlight, pre')]
+      .map(e => e.textContent).filter(t => /\b(glue|Markdown)\(/.test(t))
+      .map(t => t.split('\n').find(l => /\b(glue|Markdown)\(/.test(l)).trim().slice(0, 80)),
+    // layout at this width: blocks and tables that do not fit their column
+    wideBlocks: [...article.querySelectorAll('pre')].filter(e => e.scrollWidth > e.clientWidth + 1)
+      .map(e => `${e.scrollWidth - e.clientWidth} px too wide: ${e.textContent.split('\n')
+        .reduce((a, b) => b.length > a.length ? b : a, '').trim().slice(0, 60)}`),
+    wideTables: [...article.querySelectorAll('table')].filter(t => {
+      const box = t.parentElement;  // the theme wraps each table in a box that scrolls
+      return t.scrollWidth > t.clientWidth + 1 || t.getBoundingClientRect().width > box.clientWidth + 1;
+    }).map(t => (t.querySelector('tr') || t).innerText.replace(/\s+/g, ' ').slice(0, 60)),
+    crushedCells: [...article.querySelectorAll('td, th')].filter(c => c.scrollWidth > c.clientWidth + 1)
+      .map(c => c.innerText.trim().slice(0, 30)),
+    errors: [...article.querySelectorAll('.output.error, .output.traceback')].map(e => e.innerText.slice(0, 120)),
+    headings: [...article.querySelectorAll('h2')].map(e => e.innerText.replace(/#\s*$/, '').trim()),
+    uncaptioned: [...article.querySelectorAll('img')].filter(i => {
+      const caption = i.closest('figure') && i.closest('figure').querySelector('figcaption');
+      return !caption || !/^(Fig|Figure)\.? ?\d+\.\d+/.test(caption.innerText.trim());
+    }).map(i => i.src.split('/').pop()),
+    rasterFigures: [...article.querySelectorAll('.cell_output img')].filter(i => !/\.svg$/.test(i.src))
+      .map(i => i.src.split('/').pop()),
   };
 }
 """
@@ -133,11 +181,11 @@ def broken_links(links: list[str], base: str, root: Path) -> list[str]:
 
 
 def check_page(browser, base: str, root: Path, page_path: str, screenshot: Path | None,
-               render_timeout_ms: int = 20_000) -> list[str]:
-    """Load one page offline and return the list of problems found on it."""
+               render_timeout_ms: int = 20_000, width: int = WIDTH) -> list[str]:
+    """Load one page offline at ``width`` px and return the list of problems found on it."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    context = browser.new_context(viewport={"width": width, "height": 900})
     blocked: list[str] = []
 
     def only_local(route):
@@ -167,7 +215,7 @@ def check_page(browser, base: str, root: Path, page_path: str, screenshot: Path 
         except PlaywrightTimeout:
             pass
         page.evaluate("() => Promise.all([...document.images].map(i => i.decode().catch(() => null)))")
-        report = page.evaluate(PAGE_REPORT_JS)
+        report = page.evaluate(PAGE_REPORT_JS) | page.evaluate(LAYOUT_REPORT_JS)
         if screenshot is not None:
             page.screenshot(path=str(screenshot), full_page=True)
     except Exception as exc:  # a timeout names the step that never finished
@@ -189,6 +237,20 @@ def check_page(browser, base: str, root: Path, page_path: str, screenshot: Path 
     if not all(report["mermaid"]):
         problems.append(f"{report['mermaid'].count(False)} mermaid diagram(s) not rendered to SVG")
     problems += [f"broken link: {b}" for b in broken_links(report["links"], base, root)]
+    problems += [f"TeX source shown as text: ...{t}..." for t in report["rawTex"]]
+    problems += [f"build plumbing on the page (make the cell remove-input): {t}" for t in report["plumbing"]]
+    problems += [f"code or output wider than the column at {width} px: {t}" for t in report["wideBlocks"]]
+    problems += [f"table wider than the column at {width} px: {t}" for t in report["wideTables"]]
+    problems += [f"table cell too narrow for its content: {t!r}" for t in report["crushedCells"][:5]]
+    problems += [f"error output on the page: {t}" for t in report["errors"]]
+    problems += [f"figure without a numbered caption: {t}" for t in report["uncaptioned"]]
+    problems += [f"figure is a raster image, not SVG: {t}" for t in report["rasterFigures"]]
+    if CHAPTER.fullmatch(page_path):
+        heads = report["headings"]
+        if "Summary" not in heads:
+            problems.append(f"chapter without a Summary section (sections: {heads})")
+        elif "Exercises" in heads and heads.index("Summary") > heads.index("Exercises"):
+            problems.append("the Summary comes after the Exercises")
     return problems
 
 
@@ -196,20 +258,26 @@ def check_page(browser, base: str, root: Path, page_path: str, screenshot: Path 
 def test_every_page_renders_offline(built_site: Path, server: str, browser):
     """Each page: title shown, math typeset, images loaded, diagrams drawn, no errors, links resolve."""
     shots = built_site.parent / "screenshots"
-    shutil.rmtree(shots, ignore_errors=True)
-    shots.mkdir()
+    shots.mkdir(exist_ok=True)
+    for old in shots.glob("*.png"):  # this run's shots only; folders beside them (kept for comparison) stay
+        old.unlink()
     pages = site_pages(built_site)
     assert "book/intro.html" in pages and len(pages) >= 4, f"the build produced too few pages: {pages}"
     failures = {}
     for page_path in pages:
         shot = shots / re.sub(r"\W", "_", page_path.removesuffix(".html")) if page_path in SCREENSHOT_PAGES else None
         problems = check_page(browser, server, built_site, page_path, shot.with_suffix(".png") if shot else None)
+        if page_path in PHONE_SCREENSHOT_PAGES:  # the layout rules are for the desktop width; this is a look
+            phone = shots / (re.sub(r"\W", "_", page_path.removesuffix(".html")) + "_phone.png")
+            problems += [p for p in check_page(browser, server, built_site, page_path, phone, width=PHONE_WIDTH)
+                         if "wider than the column" not in p and "too narrow" not in p]
         if problems:
             failures[page_path] = problems
     report = "\n".join(f"{page}:\n  " + "\n  ".join(p) for page, p in failures.items())
     assert not failures, f"{len(failures)} of {len(pages)} pages have problems:\n{report}"
     taken = sorted(p.name for p in shots.glob("*.png"))
-    assert len(taken) == len(SCREENSHOT_PAGES), f"expected {len(SCREENSHOT_PAGES)} screenshots, got {taken}"
+    expected = len(SCREENSHOT_PAGES) + len(PHONE_SCREENSHOT_PAGES)
+    assert len(taken) == expected, f"expected {expected} screenshots, got {taken}"
 
 
 @needs_chromium
@@ -234,6 +302,13 @@ BROKEN_PAGE = """<!DOCTYPE html><html><head><title>Broken</title></head><body><a
 <img src="https://example.org/remote.png">
 <div class="mermaid">graph TD; A-->B</div>
 <a href="nowhere.html">a dead link</a>
+<p>Left as source: $O(n^2)$ and BLOCK\\_M.</p>
+<div class="cell_input"><pre>glue("x", 1, display=False)</pre></div>
+<pre style="width: 300px; overflow-x: auto">x = 1  # a comment that runs far, far past the edge of its column</pre>
+<div style="width: 300px"><table><tr><td>a</td><td>a_cell_that_will_not_wrap_anywhere_at_all_ever</td></tr>
+</table></div>
+<div class="output error"><pre>FigureStyleError: text below 10 px</pre></div>
+<figure><img src="plot.png"><figcaption>no number</figcaption></figure>
 <script>throw new Error("boom");</script>
 </article></body></html>"""
 
@@ -252,7 +327,9 @@ def test_checker_reports_every_kind_of_problem(tmp_path: Path, browser):
         httpd.shutdown()
         httpd.server_close()
     for expected in ["pageerror: boom", "HTTP 404", "request to another host", "raw math delimiters",
-                     "image did not load", "mermaid diagram(s) not rendered", "broken link"]:
+                     "image did not load", "mermaid diagram(s) not rendered", "broken link",
+                     "TeX source shown as text", "build plumbing on the page", "code or output wider than the column",
+                     "table wider than the column", "error output on the page", "figure without a numbered caption"]:
         assert expected in problems, f"the checker missed {expected!r}; it reported:\n{problems}"
 
 
