@@ -121,14 +121,23 @@ def build_tile_candidates(arch: int, dtype: torch.dtype, head_dim: int, causal: 
     return [build_flash_kernel(arch, dtype, head_dim, causal, tile) for tile in tiles]
 
 
-def builds_table(builds: list[KernelBuild]) -> str:
-    """A Markdown table of builds: target, dtype, head size, tile, shared memory, registers, spills."""
-    return markdown_table(
-        ["GPU", "dtype", "D", "causal", "BLOCK_M x BLOCK_N", "warps", "stages", "shared memory (KiB)",
-         "registers / thread", "spilled (bytes)", "tensor cores", "usable"],
-        [[ARCHITECTURES[b.arch], _DTYPE_NAMES[b.dtype], b.head_dim, "yes" if b.causal else "no",
-          f"{b.tile[0]} x {b.tile[1]}", b.tile[2], b.tile[3], f"{b.shared_bytes / 1024:.0f}", b.registers,
-          b.spill_bytes, "yes" if b.tensor_cores else "no", "yes" if b.fits else "NO"] for b in builds])
+def builds_table(builds: list[KernelBuild], omit_common: bool = False) -> str:
+    """A Markdown table of builds: target, dtype, head size, tile, shared memory, registers, spills.
+
+    With ``omit_common``, columns that hold the same value in every row are left out of the table and
+    stated in one line above it, so that a narrow page can show the rest.
+    """
+    headers = ["GPU", "dtype", "D", "causal", "BLOCK_M x BLOCK_N", "warps", "stages", "shared memory (KiB)",
+               "registers / thread", "spilled (bytes)", "tensor cores", "usable"]
+    rows = [[ARCHITECTURES[b.arch], _DTYPE_NAMES[b.dtype], b.head_dim, "yes" if b.causal else "no",
+             f"{b.tile[0]} x {b.tile[1]}", b.tile[2], b.tile[3], f"{b.shared_bytes / 1024:.0f}", b.registers,
+             b.spill_bytes, "yes" if b.tensor_cores else "no", "yes" if b.fits else "NO"] for b in builds]
+    if not omit_common or len(rows) < 2:
+        return markdown_table(headers, rows)
+    common = [i for i in range(len(headers)) if len({str(r[i]) for r in rows}) == 1]
+    keep = [i for i in range(len(headers)) if i not in common]
+    line = "All builds: " + ", ".join(f"{headers[i]} {rows[0][i]}" for i in common) + ".\n\n"
+    return line + markdown_table([headers[i] for i in keep], [[r[i] for i in keep] for r in rows])
 
 
 def main(argv: list[str] | None = None) -> int:

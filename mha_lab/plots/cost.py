@@ -43,17 +43,24 @@ def _finish(fig: Figure, ax, legend: str = "right", **labels) -> Figure:
     return check(fig)
 
 
-def flops_table(sizes: Iterable[tuple[int, int, int, int]], softmax_flops: int = 5) -> str:
-    """Forward FLOPs by component for each ``(B, L, d_model, h)``, from ``flops_breakdown``."""
+def flops_table(sizes: Iterable[tuple[int, int, int, int]], softmax_flops: int = 5,
+                names: Sequence[str] | None = None) -> str:
+    """Forward FLOPs by component for each ``(B, L, d_model, h)``, from ``flops_breakdown``.
+
+    ``names`` (one per size, e.g. the model) become the first column.
+    """
     rows = []
     for B, L, d, h in sizes:
         f = flops_breakdown(B, L, d, h, softmax_flops=softmax_flops)
         proj = sum(f[k] for k in _GROUPS["projections"])
         core = f["qk"] + f["av"]
-        rows.append((B, L, d, h, f"{proj:.3e}", f"{core:.3e}", f"{f['softmax']:.3e}", f"{sum(f.values()):.3e}",
+        rows.append((B, L, d, h, *(_gflop(v) for v in (proj, core, f["softmax"], sum(f.values()))),
                      f"{proj / core:.3g}"))
-    return markdown_table(["B", "L", "d_model", "h", "projections", "QK^T + AV", "softmax", "total",
-                           "projections / core"], rows)
+    headers = ["B", "L", "d_model", "h", "projections (GFLOP)", "QK^T + AV (GFLOP)", "softmax (GFLOP)",
+               "total (GFLOP)", "projections / core"]
+    if names is not None:
+        return markdown_table(["model", *headers], [(n, *r) for n, r in zip(names, rows, strict=True)])
+    return markdown_table(headers, rows)
 
 
 def training_flops_table(batch_size: int, seq_len: int, d_model: int, n_heads: int) -> str:
@@ -68,16 +75,24 @@ def training_flops_table(batch_size: int, seq_len: int, d_model: int, n_heads: i
     return markdown_table(["component", "forward", "backward", "forward, causal", "backward, causal"], rows)
 
 
-def memory_table(sizes: Iterable[tuple[int, int, int, int]], dtype="float32") -> str:
-    """Bytes kept for the backward, by tensor, for each ``(B, L, d_model, h)``, in MiB (2**20 bytes)."""
-    rows = []
-    for B, L, d, h in sizes:
-        m = memory_breakdown(B, L, d, h, dtype=dtype)
-        rows.append((B, L, d, h, *(f"{v / 2**20:,.1f}" for v in m.values()), f"{sum(m.values()) / 2**20:,.1f}",
-                     f"{m['attention_weights'] / sum(m.values()):.0%}"))
-    names = list(memory_breakdown(1, 1, 1, 1))
-    return markdown_table(["B", "L", "d_model", "h", *(f"{n} (MiB)" for n in names), "total (MiB)", "share of A"],
-                          rows)
+def _gflop(flops: float) -> str:
+    """FLOPs in GFLOP (1e9) with three significant digits and no exponent: 0.0629, 4.83, 2,470."""
+    g = flops / 1e9
+    digits = max(0, 2 - int(np.floor(np.log10(g)))) if g > 0 else 0
+    return f"{float(f'{g:.3g}'):,.{digits}f}"
+
+
+def memory_table(sizes: Iterable[tuple[int, int, int, int]], dtype="float32",
+                 names: Sequence[str] | None = None) -> str:
+    """Bytes kept for the backward, by tensor (rows), for each ``(B, L, d_model, h)`` (columns), in MiB
+    (2**20 bytes), with the total and the share of the attention weights A."""
+    sizes = list(sizes)
+    names = list(names) if names is not None else [f"B={B}, L={L}, d_model={d}, h={h}" for B, L, d, h in sizes]
+    parts = [memory_breakdown(B, L, d, h, dtype=dtype) for B, L, d, h in sizes]
+    rows = [(f"{tensor} (MiB)", *(f"{p[tensor] / 2**20:,.1f}" for p in parts)) for tensor in parts[0]]
+    rows.append(("total (MiB)", *(f"{sum(p.values()) / 2**20:,.1f}" for p in parts)))
+    rows.append(("share of A", *(f"{p['attention_weights'] / sum(p.values()):.0%}" for p in parts)))
+    return markdown_table(["kept for the backward", *names], rows)
 
 
 def heads_table(batch_size: int, seq_len: int, d_model: int, heads: Iterable[int], dtype="float16") -> str:
