@@ -34,7 +34,8 @@ def test_flops_table_ratio_is_2d_over_L():
 
 def test_memory_table_attention_weights_dominate_at_long_length():
     row = cost.memory_table([(1, 8192, 512, 8)]).splitlines()[-1]
-    assert row.startswith("| share of A |") and row.strip().endswith("96% |")  # h L^2 / (h L^2 + 5 L d) = 8*8192 / (8*8192 + 5*512)
+    # h L^2 / (h L^2 + 5 L d) = 8*8192 / (8*8192 + 5*512)
+    assert row.startswith("| share of A |") and row.strip().endswith("96% |")
 
 
 def test_measured_memory_is_quadratic_for_fused_and_linear_for_chunked():
