@@ -56,6 +56,8 @@ COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
               "grade submissions, each in a sandbox, judged outside it (make grade A=...; --help for options)"),
     "grade-bench": (_module("mha_lab.grade_bench"),
                     "grade a generated class of 200 ps1 submissions and time it (--n for fewer)"),
+    "tp": (_module("mha_lab.parallel.check"),
+           "tensor-parallel attention on spawned ranks (or under torchrun), checked against one device"),
 }
 
 

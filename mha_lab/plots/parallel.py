@@ -13,7 +13,7 @@ from matplotlib.ticker import MaxNLocator
 
 from mha_lab.analysis import MODEL_CONFIGS, dtype_bytes
 from mha_lab.cpu import GroupedQueryAttention
-from mha_lab.parallel import allreduce_bytes, shard_layer, weights_per_device
+from mha_lab.parallel import allreduce_bytes, head_columns, shard_layer, weights_per_device
 from mha_lab.plots.style import check, legend_outside, new_figure
 
 __all__ = ["plot_weight_split", "plot_tp_memory_and_traffic"]
@@ -41,8 +41,8 @@ def plot_weight_split(d_model: int = 32, num_heads: int = 8, num_kv_heads: int |
     layer = GroupedQueryAttention(d_model, num_heads, g, seed=0)
     shards = shard_layer(layer, world_size)
     d_k = layer.d_k
-    cols = {"Q": [(s.rank, slice(s.q_heads.start * d_k, s.q_heads.stop * d_k)) for s in shards],
-            "KV": [(s.rank, slice(s.kv_heads.start * d_k, s.kv_heads.stop * d_k)) for s in shards]}
+    cols = {"Q": [(s.rank, head_columns(s.q_heads, d_k)) for s in shards],
+            "KV": [(s.rank, head_columns(s.kv_heads, d_k)) for s in shards]}
     panels = [("W_Q", _owners(layer.W_Q.shape, cols["Q"], 1), "column-parallel"),
               ("W_K", _owners(layer.W_K.shape, cols["KV"], 1), "column-parallel"),
               ("W_V", _owners(layer.W_V.shape, cols["KV"], 1), "column-parallel"),

@@ -17,14 +17,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mha_lab.analysis import dtype_bytes
 from mha_lab.cpu.attention import GroupedQueryAttention
 from mha_lab.cpu.functional import merge_heads, repeat_kv, scaled_dot_product_attention, split_heads
+from mha_lab.parallel.heads import check_split, head_columns, rank_heads
 
-__all__ = [
-    "Shard", "shard_layer", "weights_per_device", "shard_forward", "all_reduce", "tensor_parallel_forward",
-    "allreduce_bytes",
-]
+__all__ = ["Shard", "shard_layer", "shard_forward", "all_reduce", "tensor_parallel_forward"]
 
 
 @dataclass(frozen=True)
@@ -48,33 +45,6 @@ class Shard:
     b_V: np.ndarray | None = None  # noqa: N815 (the layer's attribute names)
 
 
-def _cols(heads: range, d_k: int) -> slice:
-    return slice(heads.start * d_k, heads.stop * d_k)
-
-
-def _check_split(n_heads: int, n_kv_heads: int, world_size: int) -> None:
-    if world_size < 1:
-        raise ValueError(f"world_size must be at least 1, got {world_size}")
-    if n_heads % world_size:
-        raise ValueError(f"num_heads={n_heads} is not divisible by world_size={world_size}: "
-                         "tensor parallelism over heads gives every device the same number of heads")
-    if n_kv_heads % world_size and world_size % n_kv_heads:
-        raise ValueError(f"num_kv_heads={n_kv_heads} and world_size={world_size}: one must divide the other, "
-                         "so that each device's query heads read whole key/value heads")
-
-
-def weights_per_device(d_model: int, n_heads: int, n_kv_heads: int, world_size: int) -> int:
-    r"""Attention weight elements one device holds: :math:`(2d^2 + 2d\,g\,d_k)/N`, K/V at least one head.
-
-    W_Q and W_O shrink as 1/N; W_K and W_V shrink until each device holds a single K/V head,
-    after which they are replicated.
-    """
-    _check_split(n_heads, n_kv_heads, world_size)
-    d_k = d_model // n_heads
-    kv_local = max(n_kv_heads // world_size, 1)
-    return 2 * d_model * d_model // world_size + 2 * d_model * kv_local * d_k
-
-
 def shard_layer(layer: GroupedQueryAttention, world_size: int) -> list[Shard]:
     """Split a MultiHeadAttention or GroupedQueryAttention layer's weights across ``world_size`` devices.
 
@@ -82,14 +52,13 @@ def shard_layer(layer: GroupedQueryAttention, world_size: int) -> list[Shard]:
     split) or ``world_size % num_kv_heads == 0`` (each K/V head replicated on several devices).
     The shards are views of the layer's arrays: no weight is copied.
     """
-    h, g = layer.num_heads, layer.num_kv_heads
-    _check_split(h, g, world_size)
-    d_k, h_r, n_rep = layer.d_model // h, h // world_size, h // g
+    h, h_kv = layer.num_heads, layer.num_kv_heads
+    check_split(h, h_kv, world_size)
+    d_k = layer.d_model // h
     shards = []
     for r in range(world_size):
-        q_heads = range(r * h_r, (r + 1) * h_r)
-        kv_heads = range(q_heads.start // n_rep, (q_heads.stop - 1) // n_rep + 1)
-        q, kv = _cols(q_heads, d_k), _cols(kv_heads, d_k)
+        q_heads, kv_heads = rank_heads(h, h_kv, world_size, r)
+        q, kv = head_columns(q_heads, d_k), head_columns(kv_heads, d_k)
         bias = {f"b_{n}": getattr(layer, f"b_{n}")[s] for n, s in (("Q", q), ("K", kv), ("V", kv))} \
             if layer.use_bias else {}
         shards.append(Shard(r, q_heads, kv_heads, d_k,
@@ -131,17 +100,3 @@ def tensor_parallel_forward(X: np.ndarray, layer: GroupedQueryAttention, world_s
     if layer.use_bias:
         out += layer.b_O  # added once, after the reduction, not on every device
     return out
-
-
-def allreduce_bytes(batch_size: int, seq_len: int, d_model: int, world_size: int,
-                    dtype="bfloat16") -> dict[str, float]:
-    r"""Communication of the one forward all-reduce of an attention layer.
-
-    ``message``: the (B, L, d_model) partial output, :math:`BLd` elements;
-    ``ring_per_device``: what each device sends in a ring all-reduce, :math:`2\frac{N-1}{N}BLd` elements
-    (reduce-scatter then all-gather); both in bytes. The backward pass has one more all-reduce of the same size.
-    """
-    if world_size < 1:
-        raise ValueError(f"world_size must be at least 1, got {world_size}")
-    message = batch_size * seq_len * d_model * dtype_bytes(dtype)
-    return {"message": message, "ring_per_device": 2 * (world_size - 1) / world_size * message}

@@ -1,0 +1,22 @@
+"""Tensor parallelism over heads (Megatron-LM): a NumPy simulation, then the real thing.
+
+- ``heads``: which query and key/value heads each of N devices holds (shared by everything below);
+- ``simulation``: N pretend devices in NumPy, the all-reduce a plain sum (what chapter 9 reads first);
+- ``cost``: weights per device and bytes per all-reduce, from the shapes;
+- ``layer``: ``TensorParallelAttention``, an ``nn.Module`` on a ``torch.distributed`` process group,
+  with Megatron's ``f`` and ``g`` as autograd Functions;
+- ``launch``: start N ranks on this machine, or join ``torchrun``'s;
+- ``check``: ``python -m mha_lab tp``, the layer on real ranks against one device.
+
+This package imports only the NumPy parts; ``layer``, ``launch`` and ``check`` need PyTorch and
+are imported by name (``from mha_lab.parallel.layer import TensorParallelAttention``).
+"""
+
+from mha_lab.parallel.cost import allreduce_bytes, kv_grad_allreduce_bytes, weights_per_device
+from mha_lab.parallel.heads import check_split, head_columns, rank_heads, replica_groups
+from mha_lab.parallel.simulation import Shard, all_reduce, shard_forward, shard_layer, tensor_parallel_forward
+
+__all__ = [
+    "Shard", "check_split", "rank_heads", "head_columns", "replica_groups", "shard_layer", "weights_per_device",
+    "shard_forward", "all_reduce", "tensor_parallel_forward", "allreduce_bytes", "kv_grad_allreduce_bytes",
+]
