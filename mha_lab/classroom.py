@@ -34,30 +34,20 @@ __all__ = ["REPO", "Target", "Attack", "Student", "new_course", "read_notebook",
 
 REPO = Path(__file__).resolve().parents[1]  # a clone: solutions/, assignments/, tests/mutants, tests/adversarial
 SOLUTION_LINE = re.compile(r"^\s*### (BEGIN|END) SOLUTION\s*$")
-GRADER = ("-m", "mha_lab.grading")  # python -m ... <assignment> --course DIR --jobs N --timeout S
+GRADER = ("-m", "mha_lab.grading")  # python -m mha_lab.grading <assignment> --course DIR --jobs N --timeout S
 
 
 # --- the course ---------------------------------------------------------------------------------
 
 
 def new_course(root: Path, assignments: Sequence[str]) -> Path:
-    """A course folder as an instructor has it: nbgrader_config.py, the sources and the releases."""
+    """A course folder as an instructor has it: nbgrader_config.py, the sources and the releases (no gradebook)."""
     root.mkdir(parents=True, exist_ok=True)
     shutil.copy(REPO / "nbgrader_config.py", root)
     for a in assignments:
         for folder in ("solutions", "assignments"):
             shutil.copytree(REPO / folder / a, root / folder / a, dirs_exist_ok=True)
-        _register(root, a)
     return root
-
-
-def _register(course: Path, assignment: str) -> None:
-    """Enter the assignment in the gradebook, which the grading command does not do by itself yet."""
-    env = {**os.environ, "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")}
-    proc = subprocess.run([sys.executable, "-m", "nbgrader", "generate_assignment", assignment, "--force"],
-                          cwd=course, env=env, capture_output=True, text=True, timeout=300)
-    if proc.returncode != 0:
-        raise RuntimeError(f"nbgrader generate_assignment {assignment} failed:\n{proc.stdout}\n{proc.stderr}")
 
 
 def read_notebook(course: Path, folder: str, assignment: str) -> nbformat.NotebookNode:

@@ -3,7 +3,8 @@
 One batch per assignment (most attacks are on ps1): two honest students, a blank one, a buggy one and
 the attackers, graded with the real command and ``--jobs 2``. For each attack: the batch finishes,
 every other student's grade is exact (CSV and gradebook), the attacker scores no more than the blank
-release, no file outside the sandbox's scratch changed (the course, and this repository's mha_lab/,
+release (or than its honest part earns), its processes never hold more memory than the cap together,
+no file outside the sandbox's scratch changed (the course, and this repository's mha_lab/,
 tests/hidden/ and solutions/), none of its processes survive (each carries a marker in its environment
 or argv), the loopback listener received nothing, and no feedback shows a hidden check, a solution or
 a classmate's work. Whatever an attack writes into this repository is put back afterwards.
@@ -31,12 +32,11 @@ from mha_lab.classroom import REPO, Attack, Student, Target
 ATTACKS = classroom.attacks()
 ASSIGNMENTS = sorted({a.assignment for a in ATTACKS})
 TIMEOUT = 60  # seconds per submission, the grader's --timeout
+MEMORY = 2 * 2**30  # bytes per submission, the grader's default cap
 LIMIT = 900  # seconds for one whole batch before it counts as stalled
 PROTECTED = ("mha_lab", "tests/hidden", "solutions")  # this repository's folders the grader trusts
 GRADER_OUTPUTS = re.compile(r"^(gradebook\.db.*|grades.*\.csv|feedback|autograded|\.nbgrader\.log|dask-worker-space)$")
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(LIMIT + 300),
-              pytest.mark.skipif(not (REPO / "mha_lab" / "grading" / "__main__.py").is_file(),
-                                 reason="the batch grader runs student code unconfined: it would harm this machine")]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(LIMIT + 300)]
 
 
 class Listener:
@@ -91,6 +91,40 @@ class Listener:
             t.join(timeout=5)
         self.tcp.close()
         self.udp.close()
+
+
+class MemoryWatch:
+    """Samples twice a second the resident memory of all the processes that carry each marker; keeps the peak."""
+
+    def __init__(self, markers: list[str]) -> None:
+        self.peak = dict.fromkeys(markers, 0)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        keys = {m: m.encode() for m in self.peak}
+        while not self._stop.wait(0.5):
+            total = dict.fromkeys(self.peak, 0)
+            for pid, (argv, env, _) in _processes().items():
+                owner = next((m for m, k in keys.items() if k in argv or k in env), None)
+                if owner:
+                    total[owner] += _rss(pid)
+            for m, v in total.items():
+                self.peak[m] = max(self.peak[m], v)
+
+    def stop(self) -> dict[str, int]:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        return self.peak
+
+
+def _rss(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+    except (OSError, StopIteration, ValueError):
+        return 0
 
 
 def _files(root: Path, skip: re.Pattern | None = None) -> dict[str, str]:
@@ -243,6 +277,7 @@ class Batch:
     planted: dict[str, list[Path]] = field(default_factory=dict)
     written: dict[str, list[str]] = field(default_factory=dict)
     received: list[bytes] = field(default_factory=list)
+    memory: dict[str, int] = field(default_factory=dict)
     connections: int = 0
 
     def feedback(self, student: str) -> str:
@@ -284,8 +319,10 @@ def grade_batch(root: Path, assignment: str) -> Batch:
         students[s] = classroom.hostile(course, s, a, target)
     batch = Batch(assignment, course, students, chosen, markers, secrets)
     backup, before = _backup(), _snapshot(course)
+    watch = MemoryWatch(list(markers.values()))
     try:
-        proc, batch.wall = classroom.run_grader(course, assignment, jobs=2, timeout=TIMEOUT, limit=LIMIT)
+        proc, batch.wall = classroom.run_grader(course, assignment, jobs=2, timeout=TIMEOUT, limit=LIMIT,
+                                                extra=["--memory", str(MEMORY)])
         batch.finished = proc is not None
         if proc is not None:
             batch.returncode, batch.log = proc.returncode, proc.stdout + proc.stderr
@@ -299,12 +336,14 @@ def grade_batch(root: Path, assignment: str) -> Batch:
         batch.written = {s: _containing(m, batch.changed) for s, m in markers.items()}
         batch.planted = {s: _planted(m) for s, m in markers.items()}
     finally:
+        peaks = watch.stop()
         listener.close()
         _restore(backup)
         for paths in batch.planted.values():
             for p in paths:
                 p.unlink(missing_ok=True)
     batch.received, batch.connections = listener.received, listener.connections
+    batch.memory = {s: peaks[m] for s, m in markers.items()}
     for row in classroom.read_grades(course, assignment):
         batch.rows.setdefault(row["student"], []).append(row)
     batch.gradebook = _gradebook(course, assignment, list(students))
@@ -395,9 +434,11 @@ def test_attack_is_contained(batches, attack):
     marker = batch.markers[student]
     assert batch.finished, f"{attack.name}: the batch did not finish; {batch.where()}"
     score, _ = _score(batch, student)
-    blank = batch.students["blank"].expected
-    assert score <= blank, f"{attack.name} ({attack.summary}) scored {score} in the CSV; the blank release gets {blank}"
-    assert batch.gradebook.get(student, (0.0, 0.0))[0] <= blank, f"{attack.name} scored more in gradebook.db"
+    deserved = batch.students[student].expected  # the blank release's 0, or what its honest part earns
+    assert score <= deserved, f"{attack.name} ({attack.summary}) scored {score} in the CSV; it deserves {deserved}"
+    assert batch.gradebook.get(student, (0.0, 0.0))[0] <= deserved, f"{attack.name} scored more in gradebook.db"
+    held = batch.memory[student]
+    assert held <= MEMORY + 2**26, f"{attack.name}: its processes held {held / 2**30:.1f} GiB at once, over the cap"
     assert not batch.survivors[student], f"{attack.name}: processes alive after the batch: {batch.survivors[student]}"
     assert not [r for r in batch.received if marker.encode() in r], f"{attack.name} reached the loopback listener"
     assert not batch.planted[student], f"{attack.name} left files behind: {batch.planted[student]}"
