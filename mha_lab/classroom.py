@@ -3,8 +3,9 @@
 An honest student fills the release with the solution's answers; a buggy one carries one
 mutant of ``tests/mutants/`` (it loses exactly the points of the cells the mutant breaks); a
 blank one hands in the release; a hostile one carries an attack of ``tests/adversarial/``
-(it deserves no more than the blank release). The grader's test suite and ``grade-bench``
-build their classes here and run the real grading command on them.
+(it deserves no more than the same notebook without the attack: mostly the blank release).
+The grader's test suite and ``grade-bench`` build their classes here and run the real grading
+command on them.
 """
 
 from __future__ import annotations
@@ -134,6 +135,7 @@ class Attack:
     course, repo, protect)`` is not called: its body becomes code in the notebook, in the first
     answer cell (``EVERY_ANSWER_CELL = True``: in place of every answer cell's stub). An optional
     ``prepare(folder, nb, target)`` edits the notebook or adds files to the submission folder.
+    ``DESERVES`` names the tests cells its honest part earns (none by default: a blank release).
     """
 
     name: str
@@ -142,6 +144,7 @@ class Attack:
     code: str
     every_answer_cell: bool
     prepare: Callable | None
+    deserves: tuple[str, ...] = ()
 
     def notebook(self, release: nbformat.NotebookNode, target: Target) -> nbformat.NotebookNode:
         """The release with the attack's code in, told its target, with a child process that must not outlive it."""
@@ -192,7 +195,7 @@ def attacks(folder: Path = REPO / "tests" / "adversarial") -> list[Attack]:
             raise ValueError(f"{path} needs a docstring: what the attack does, and what stops it")
         found.append(Attack(path.stem, getattr(module, "ASSIGNMENT", "ps1_per_head_loop"), doc.splitlines()[0],
                             _body(path), getattr(module, "EVERY_ANSWER_CELL", False),
-                            getattr(module, "prepare", None)))
+                            getattr(module, "prepare", None), tuple(getattr(module, "DESERVES", ()))))
     return found
 
 
@@ -240,13 +243,14 @@ def buggy(course: Path, name: str, assignment: str, index: int) -> Student:
 
 
 def hostile(course: Path, name: str, attack: Attack, target: Target) -> Student:
-    """The release with ``attack`` in; it deserves no more than the blank release."""
+    """The release with ``attack`` in; it deserves no more than its honest part (``attack.deserves``)."""
     folder = submit(course, name, attack.assignment,
                     attack.notebook(read_notebook(course, "assignments", attack.assignment), target))
     if attack.prepare is not None:
         nb = nbformat.read(folder / f"{attack.assignment}.ipynb", as_version=4)
         attack.prepare(folder, nb, target)
-    return Student(name, "hostile", 0.0, at_most=True)
+    scores = points(read_notebook(course, "solutions", attack.assignment))
+    return Student(name, "hostile", sum(scores[g] for g in attack.deserves), at_most=True)
 
 
 # --- grading ------------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ the attackers, graded with the real command and ``--jobs 2``. For each attack: t
 every other student's grade is exact (CSV and gradebook), the attacker scores no more than the blank
 release (or than its honest part earns), its processes never hold more memory than the cap together,
 no file outside the sandbox's scratch changed (the course, and this repository's mha_lab/,
-tests/hidden/ and solutions/), none of its processes survive (each carries a marker in its environment
+tests/hidden/, solutions/ and assignments/), none of its processes survive (each carries a marker in its environment
 or argv), the loopback listener received nothing, and no feedback shows a hidden check, a solution or
 a classmate's work. Whatever an attack writes into this repository is put back afterwards.
 """
@@ -34,8 +34,8 @@ ASSIGNMENTS = sorted({a.assignment for a in ATTACKS})
 TIMEOUT = 60  # seconds per submission, the grader's --timeout
 MEMORY = 2 * 2**30  # bytes per submission, the grader's default cap
 LIMIT = 900  # seconds for one whole batch before it counts as stalled
-PROTECTED = ("mha_lab", "tests/hidden", "solutions")  # this repository's folders the grader trusts
-GRADER_OUTPUTS = re.compile(r"^(gradebook\.db.*|grades.*\.csv|feedback|autograded|\.nbgrader\.log|dask-worker-space)$")
+PROTECTED = ("mha_lab", "tests/hidden", "solutions", "assignments")  # the folders of this repository the grader trusts
+GRADER_OUTPUTS = re.compile(r"^(gradebook\.db.*|grades.*\.csv|feedback|autograded|\.nbgrader\.log|dask-.*-space)$")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(LIMIT + 300)]
 
 
@@ -424,7 +424,7 @@ def test_no_feedback_shows_hidden_checks_solutions_or_peers(batches, assignment)
     for name, s in batch.students.items():
         text = batch.feedback(name)
         assert not [ln for ln in hidden if ln in text], f"{name}'s feedback shows lines of tests/hidden/"
-        if s.kind != "honest":
+        if s.kind in ("blank", "hostile"):  # the others hand in (most of) the solution themselves
             assert not [ln for ln in answers if ln in text], f"{name}'s feedback shows the solution"
         peers = [secret for peer, secret in batch.secrets.items() if peer != name]
         assert not [p for p in peers if p in text], f"{name}'s feedback shows a classmate's notebook"
