@@ -54,6 +54,8 @@ COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
                 "build the Triton kernel for an A100 and an H100 without a GPU: shared memory, registers, spills"),
     "grade": (_module("mha_lab.grading.__main__"),
               "grade submissions, each in a sandbox, judged outside it (make grade A=...; --help for options)"),
+    "decode": (_module("mha_lab.plots.decode"),
+               "time one decoding step against context length (MHA, GQA, MQA) and print decode's FLOPs per byte"),
     "grade-bench": (_module("mha_lab.grade_bench"),
                     "grade a generated class of 200 ps1 submissions and time it (--n for fewer)"),
     "tp": (_module("mha_lab.parallel.check"),

@@ -6,19 +6,20 @@ Tables come back as Markdown strings, figures as checked matplotlib figures.
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Sequence
 from functools import partial
 
 import numpy as np
 from matplotlib.figure import Figure
 
-from mha_lab.analysis import ModelConfig, decode_step_cost
+from mha_lab.analysis import GPU_PEAKS, MODEL_CONFIGS, ModelConfig, decode_step_cost
 from mha_lab.cpu import GroupedQueryAttention, KVCache, decode_step
-from mha_lab.measure import interleaved_times
+from mha_lab.measure import blas_threads, gemm_flops_per_second, interleaved_times, read_bytes_per_second
 from mha_lab.plots.style import check, legend_outside, new_figure
 from mha_lab.tables import markdown_table
 
-__all__ = ["decode_times", "plot_decode_times", "decode_times_table", "intensity_table"]
+__all__ = ["decode_times", "plot_decode_times", "decode_times_table", "intensity_table", "main"]
 
 
 def decode_times(context_lengths: Sequence[int], d_model: int = 1024, n_heads: int = 8,
@@ -91,3 +92,24 @@ def intensity_table(configs: Sequence[ModelConfig], context_len: int, batch_size
             rows.append((f"{c.name} ({c.kind})", B, f"{flops / 1e6:,.0f}", f"{read / 2**20:,.0f}",
                          f"{flops / read:.2g}", f"{cost['attn_flops'] / cost['cache_bytes']:.2g}"))
     return markdown_table(["model", "batch", "MFLOP", "MiB read", "FLOPs / byte", "attention alone"], rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m mha_lab decode``: time a decoding step here and print decode's FLOPs per byte."""
+    parser = argparse.ArgumentParser(prog="python -m mha_lab decode", description=main.__doc__)
+    parser.add_argument("--contexts", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192, 16384])
+    parser.add_argument("--d-model", type=int, default=1024)
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--repeat", type=int, default=9)
+    args = parser.parse_args(argv)
+    blas_threads(1)
+    kv_heads = {"MHA": args.heads, "GQA": max(1, args.heads // 4), "MQA": 1}
+    times = decode_times(args.contexts, args.d_model, args.heads, kv_heads, repeat=args.repeat)
+    print(f"One layer, d_model = {args.d_model}, h = {args.heads}, float32, batch 1, one BLAS thread\n")
+    print(decode_times_table(args.contexts, times, args.d_model, args.heads, kv_heads))
+    print("\nOne decoding step of one layer at 4096 cached tokens, float16\n")
+    print(intensity_table([MODEL_CONFIGS["Llama-2-7B"], MODEL_CONFIGS["Llama-3-8B"]], 4096, (1, 64)))
+    flops, bandwidth = GPU_PEAKS["H100 SXM"]
+    ridge_here = gemm_flops_per_second() / read_bytes_per_second()
+    print(f"\nRidge point (FLOPs per byte): this machine {ridge_here:.2g}, H100 SXM {flops / bandwidth:.0f}")
+    return 0
