@@ -119,16 +119,17 @@ def prefill(layer, X: np.ndarray, cache: KVCache) -> np.ndarray:
 
 
 def decode_step(layer, x: np.ndarray, cache: KVCache) -> np.ndarray:
-    """One new token per sequence, x (B, 1, d_model), against the cache; returns (B, 1, d_model).
+    """One new token per sequence against the cache: (B, 1, d_model) -> (B, 1, d_model).
 
-    Its key and value are appended first, so the token sees itself. No mask is needed: the
-    cache holds exactly the positions the token may see (all of them, or the last W).
+    Its key and value are appended first, so the token sees itself. No mask is needed:
+    the cache holds exactly the positions the token may see (all, or the last W).
     """
     _check_layer_and_cache(layer, x, cache)
     if x.shape[1] != 1:
-        raise ValueError(f"decode_step takes one token per sequence, x (B, 1, d_model); got shape {x.shape}; "
-                         "run a prompt with prefill")
-    q, k, v = layer.project_qkv(x)  # (B, h, 1, d_k), (B, h_kv, 1, d_k), (B, h_kv, 1, d_k)
+        raise ValueError(f"decode_step takes one token per sequence, x (B, 1, d_model); "
+                         f"got shape {x.shape}; run a prompt with prefill")
+    q, k, v = layer.project_qkv(x)  # (B, h, 1, d_k), (B, h_kv, 1, d_k) twice
     cache.append(k, v)
-    z, _ = scaled_dot_product_attention(q, cache.keys, cache.values, enable_gqa=True)  # (B, h, 1, d_k)
-    return layer.project_out(z)
+    # h query heads against h_kv cached heads: (B, h, 1, d_k)
+    z, _ = scaled_dot_product_attention(q, cache.keys, cache.values, enable_gqa=True)
+    return layer.project_out(z)  # (B, h, 1, d_k) -> (B, 1, d_model)
