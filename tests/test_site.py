@@ -94,6 +94,8 @@ LAYOUT_REPORT_JS = r"""
     }).map(t => (t.querySelector('tr') || t).innerText.replace(/\s+/g, ' ').slice(0, 60)),
     crushedCells: [...article.querySelectorAll('td, th')].filter(c => c.scrollWidth > c.clientWidth + 1)
       .map(c => c.innerText.trim().slice(0, 30)),
+    rawFloats: [...article.querySelectorAll('.cell_output pre, .cell_output td')].map(e => e.textContent)
+      .map(t => (t.match(/-?\d+\.\d{7,}(e[-+]?\d+)?/) || [null])[0]).filter(Boolean),
     errors: [...article.querySelectorAll('.output.error, .output.traceback')].map(e => e.innerText.slice(0, 120)),
     headings: [...article.querySelectorAll('h2')].map(e => e.innerText.replace(/#\s*$/, '').trim()),
     uncaptioned: [...article.querySelectorAll('img')].filter(i => {
@@ -243,6 +245,7 @@ def check_page(browser, base: str, root: Path, page_path: str, screenshot: Path 
     problems += [f"table wider than the column at {width} px: {t}" for t in report["wideTables"]]
     problems += [f"table cell too narrow for its content: {t!r}" for t in report["crushedCells"][:5]]
     problems += [f"error output on the page: {t}" for t in report["errors"]]
+    problems += [f"unrounded number in an output (round it to what it means): {t}" for t in report["rawFloats"]]
     problems += [f"figure without a numbered caption: {t}" for t in report["uncaptioned"]]
     problems += [f"figure is a raster image, not SVG: {t}" for t in report["rasterFigures"]]
     if CHAPTER.fullmatch(page_path):
@@ -308,6 +311,7 @@ BROKEN_PAGE = """<!DOCTYPE html><html><head><title>Broken</title></head><body><a
 <div style="width: 300px"><table><tr><td>a</td><td>a_cell_that_will_not_wrap_anywhere_at_all_ever</td></tr>
 </table></div>
 <div class="output error"><pre>FigureStyleError: text below 10 px</pre></div>
+<div class="cell_output"><pre>max |wrong - right| = 8.881784197001252e-16</pre></div>
 <figure><img src="plot.png"><figcaption>no number</figcaption></figure>
 <script>throw new Error("boom");</script>
 </article></body></html>"""
@@ -329,7 +333,8 @@ def test_checker_reports_every_kind_of_problem(tmp_path: Path, browser):
     for expected in ["pageerror: boom", "HTTP 404", "request to another host", "raw math delimiters",
                      "image did not load", "mermaid diagram(s) not rendered", "broken link",
                      "TeX source shown as text", "build plumbing on the page", "code or output wider than the column",
-                     "table wider than the column", "error output on the page", "figure without a numbered caption"]:
+                     "table wider than the column", "error output on the page", "figure without a numbered caption",
+                     "unrounded number in an output"]:
         assert expected in problems, f"the checker missed {expected!r}; it reported:\n{problems}"
 
 
