@@ -336,3 +336,9 @@ def test_code_excerpts_match_their_source():
                 assert code in source, f"{md.name}: excerpt line not in {path}: {line.strip()}"
             found += 1
     assert found, "no excerpt found: the kernel chapter shows one"
+
+
+@pytest.mark.parametrize("stem", CHAPTERS)
+def test_every_exercise_has_a_title(stem):
+    untitled = re.findall(r"^(?:`{3,}|:{3,})\{exercise\}\s*\n:label:\s*(\S+)", page_source(stem).read_text(), re.M)
+    assert not untitled, f"{stem}.md: exercises without a title: {untitled}"
