@@ -154,7 +154,8 @@ def scaled_dot_product_attention(
 
     With ``enable_gqa`` (as in PyTorch), Q is (B, h, L_q, d_k) and K, V have h_kv heads,
     (B, h_kv, L_k, d): query head i reads K/V head ``i // (h // h_kv)``, the pairing of
-    ``repeat_kv``, but K and V are shared by broadcasting (stride 0), never copied.
+    ``repeat_kv``, but K and V are never copied: the queries of a group are stacked into
+    the rows of one matrix, which meets its K/V head in one product.
     """
     for name, t in (("Q", Q), ("K", K), ("V", V)):
         if not isinstance(t, np.ndarray) or t.ndim < 2:
