@@ -14,7 +14,7 @@ def test_decode_times_has_one_time_per_layout_and_context():
     times = decode.decode_times([8, 64], d_model=32, n_heads=4, kv_heads=KV_HEADS, repeat=2)
     assert set(times) == set(KV_HEADS) and all(len(t) == 2 and min(t) > 0 for t in times.values())
     table = decode.decode_times_table([8, 64], times, 32, 4, KV_HEADS)
-    assert table.splitlines()[0].startswith("| context | MHA (ms) | MHA (GB/s) | GQA (ms)")
+    assert table.splitlines()[0].startswith("| context | MHA: ms (GB/s) | GQA: ms (GB/s) | MQA: ms (GB/s) | MHA / GQA")
     assert len(table.splitlines()) == 4
     fig = decode.plot_decode_times([8, 64], times, 32, 4)
     ax = fig.axes[0]

@@ -66,7 +66,8 @@ def plot_decode_times(context_lengths: Sequence[int], times: dict[str, Sequence[
 
 def decode_times_table(context_lengths: Sequence[int], times: dict[str, Sequence[float]], d_model: int,
                        n_heads: int, kv_heads: dict[str, int], dtype="float32") -> str:
-    """Time per token (ms) and the bytes a step reads per second (GB/s), per layout and context length."""
+    """Time per token in ms, with the bytes the step reads per second in GB/s in brackets, per
+    layout and context length, and the ratio of the first two layouts' times."""
     names = list(times)
     rows = []
     for i, t in enumerate(context_lengths):
@@ -74,11 +75,10 @@ def decode_times_table(context_lengths: Sequence[int], times: dict[str, Sequence
         for name in names:
             cost = decode_step_cost(d_model, n_heads, kv_heads[name], t, dtype=dtype)
             seconds = times[name][i]
-            row += [f"{seconds * 1e3:.2g}", f"{(cost['weight_bytes'] + cost['cache_bytes']) / seconds / 1e9:.2g}"]
+            row.append(f"{seconds * 1e3:.2g} ({(cost['weight_bytes'] + cost['cache_bytes']) / seconds / 1e9:.2g})")
         row.append(f"{times[names[0]][i] / times[names[1]][i]:.1f}")
         rows.append(row)
-    header = ["context"] + [f"{n} {unit}" for n in names for unit in ("(ms)", "(GB/s)")]
-    return markdown_table(header + [f"{names[0]} / {names[1]}"], rows)
+    return markdown_table(["context"] + [f"{n}: ms (GB/s)" for n in names] + [f"{names[0]} / {names[1]}"], rows)
 
 
 def intensity_table(configs: Sequence[ModelConfig], context_len: int, batch_sizes: Sequence[int],
