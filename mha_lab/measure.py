@@ -20,9 +20,8 @@ from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
-__all__ = ["interleaved_times", "median_time", "peak_memory", "torch_peak_memory", "fit_exponent",
-           "gemm_flops_per_second", "read_bytes_per_second",
-           "blas_threads", "machine_info"]
+__all__ = ["interleaved_times", "median_time", "peak_memory", "retained_memory", "torch_peak_memory",
+           "fit_exponent", "gemm_flops_per_second", "read_bytes_per_second", "blas_threads", "machine_info"]
 
 
 def interleaved_times(fns: dict[str, Callable[[], object]], repeat: int = 5, warmup: int = 1,
@@ -67,6 +66,21 @@ def peak_memory(fn: Callable[[], object]) -> int:
     finally:
         tracemalloc.stop()
     return int(peak)
+
+
+def retained_memory(fn: Callable[[], object]) -> int:
+    """Bytes that ``fn()`` leaves allocated after it returns and its result is dropped (``tracemalloc``).
+
+    That is what ``fn`` stored elsewhere: a layer's forward, for example, keeps its cache for
+    the backward pass.
+    """
+    tracemalloc.start()
+    try:
+        fn()
+        current, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return int(current)
 
 
 @contextlib.contextmanager

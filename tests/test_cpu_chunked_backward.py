@@ -118,3 +118,14 @@ def test_chunked_backward_errors():
         chunked_attention_backward(G, Q, K, V, O, lse[..., :3])
     with pytest.raises(RuntimeError, match="before forward"):
         ChunkedLayer(GroupedQueryAttention(4, 2, 2)).backward(np.ones((1, 3, 4)))
+
+
+def test_measured_backward_costs_order_the_three_methods():
+    from mha_lab.plots.cost import backward_costs
+
+    rows = {r["method"]: r for r in backward_costs((96,), d_model=32, n_heads=4, block=16, repeat=1)}
+    assert set(rows) == {"fused", "checkpointed", "chunked"}
+    a_bytes = 4 * 96 * 96 * 8  # the fused layer's (B, h, L, L) weights
+    assert rows["fused"]["kept"] >= a_bytes > rows["chunked"]["kept"] > rows["checkpointed"]["kept"]
+    assert rows["chunked"]["peak"] < rows["fused"]["peak"] <= rows["checkpointed"]["peak"] + a_bytes
+    assert all(r["seconds"] > 0 for r in rows.values())

@@ -50,7 +50,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["flash_attention", "attention_ref"]
+__all__ = ["flash_attention", "flash_attention_backward", "attention_ref"]
 
 _INTERPRET = triton.knobs.runtime.interpret  # decided when this module is imported, as for @triton.jit
 _MIN_HEAD_DIM, _MAX_HEAD_DIM = 16, 128
@@ -295,9 +295,9 @@ def _flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
     return out, lse
 
 
-def _flash_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-                    grad_out: torch.Tensor, causal: bool, sm_scale: float,
-                    block_q: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def flash_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                             lse: torch.Tensor, grad_out: torch.Tensor, causal: bool, sm_scale: float,
+                             block_q: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     r"""Gradients of q, k, v by recomputing :math:`P = \exp(sQK^\top - \mathrm{lse})` per block of queries.
 
     .. math:: dV = P^\top dO, \quad dS = P \odot \big(dO\,V^\top - \mathrm{rowsum}(dO \odot O)\big), \quad
@@ -341,7 +341,7 @@ def _flash_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torc
 
 
 class _FlashAttention(torch.autograd.Function):
-    """Triton forward, recompute-based PyTorch backward (see ``_flash_backward``)."""
+    """Triton forward, recompute-based PyTorch backward (see ``flash_attention_backward``)."""
 
     @staticmethod
     def forward(ctx, q, k, v, causal, sm_scale):
@@ -353,7 +353,7 @@ class _FlashAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = _flash_backward(q, k, v, out, lse, grad_out, ctx.causal, ctx.sm_scale)
+        dq, dk, dv = flash_attention_backward(q, k, v, out, lse, grad_out, ctx.causal, ctx.sm_scale)
         return dq, dk, dv, None, None
 
 

@@ -20,15 +20,29 @@ from mha_lab.analysis import (
     kv_cache_bytes,
     memory_breakdown,
 )
-from mha_lab.cpu import MultiHeadAttention, chunked_forward, head_by_head_forward
-from mha_lab.measure import fit_exponent, peak_memory
+from mha_lab.cpu import (
+    Checkpointed,
+    ChunkedLayer,
+    MultiHeadAttention,
+    chunked_attention,
+    chunked_attention_backward,
+    chunked_forward,
+    head_by_head_forward,
+)
+from mha_lab.measure import (
+    fit_exponent,
+    interleaved_times,
+    peak_memory,
+    retained_memory,
+    torch_peak_memory,
+)
 from mha_lab.plots.style import check, legend_outside, new_figure
 from mha_lab.tables import markdown_table
 
 __all__ = [
     "flops_table", "training_flops_table", "memory_table", "heads_table", "kv_cache_table",
     "plot_flops_vs_length", "plot_kv_cache_vs_context",
-    "peak_memory_vs_length", "plot_peak_memory", "plot_time_vs_length",
+    "peak_memory_vs_length", "backward_costs", "kernel_backward_costs", "plot_peak_memory", "plot_time_vs_length",
 ]
 
 _GROUPS = {"projections": ("proj_q", "proj_kv", "proj_o"), "attention core (QK^T, AV)": ("qk", "av"),
@@ -177,6 +191,76 @@ def peak_memory_vs_length(lengths: Sequence[int] = (128, 256, 512, 1024, 2048), 
             peaks[name].append(peak_memory(lambda m=method, X=X: m(X)))
             layer.clear_cache()  # drop the fused forward's cache before the next measurement
     return peaks
+
+
+def _step_costs(layer: MultiHeadAttention, X: np.ndarray, G: np.ndarray, block: int, repeat: int) -> list[dict]:
+    steps = {"fused": layer, "checkpointed": Checkpointed(layer),
+             "chunked": ChunkedLayer(layer, block_q=block, block_k=block)}
+    rows = []
+    for name, step in steps.items():
+        layer.clear_cache()
+        kept = retained_memory(lambda s=step: s.forward(X))
+        working = peak_memory(lambda s=step: s.backward(G))
+        rows.append({"method": name, "L": X.shape[1], "kept": kept, "peak": kept + working})
+    layer.clear_cache()
+    times = interleaved_times({name: lambda s=step: (s.forward(X), s.backward(G)) for name, step in steps.items()},
+                              repeat=repeat, warmup=0)
+    return [{**row, "seconds": times[row["method"]]} for row in rows]
+
+
+def backward_costs(lengths: Sequence[int] = (512, 1024, 2048), d_model: int = 256, n_heads: int = 8,
+                   batch_size: int = 1, block: int = 128, repeat: int = 2) -> list[dict]:
+    """Measured memory and time of one layer's training step (float64) with three ways to feed the backward.
+
+    ``fused``: ``layer.forward`` caches A; ``checkpointed``: keeps X and reruns the forward;
+    ``chunked``: ``ChunkedLayer``, which rebuilds A tile by tile (blocks of ``block``). Per method
+    and length: ``kept`` bytes between forward and backward, ``peak`` bytes in use during the
+    backward (``kept`` plus its working memory, both from tracemalloc) and ``seconds`` for
+    forward plus backward (median of ``repeat`` interleaved runs).
+    """
+    rng = np.random.default_rng(0)
+    layer = MultiHeadAttention(d_model, n_heads, seed=0)
+    rows = []
+    for L in lengths:
+        X, G = rng.standard_normal((2, batch_size, L, d_model))  # input and dL/d out, (B, L, d_model) each
+        rows += _step_costs(layer, X, G, block, repeat)
+    return rows
+
+
+def _core_backward_costs(Q: np.ndarray, K: np.ndarray, V: np.ndarray, dO: np.ndarray, block: int) -> list[dict]:
+    import torch
+
+    from mha_lab.cuda.flash import flash_attention_backward
+
+    O, lse = chunked_attention(Q, K, V, return_lse=True)
+    t = [torch.from_numpy(a) for a in (Q, K, V, O, lse, dO)]
+    scale = 1.0 / np.sqrt(Q.shape[-1])
+    calls = {
+        "chunked_attention_backward (NumPy)": (
+            lambda: chunked_attention_backward(dO, Q, K, V, O, lse, block_q=block, block_k=block), peak_memory),
+        "flash_attention_backward (PyTorch)": (
+            lambda: flash_attention_backward(*t[:5], t[5], False, scale, block_q=block), torch_peak_memory),
+    }
+    times = interleaved_times({name: fn for name, (fn, _) in calls.items()}, repeat=2, warmup=0)
+    return [{"method": name, "L": Q.shape[2], "peak": measure(fn), "seconds": times[name]}
+            for name, (fn, measure) in calls.items()]
+
+
+def kernel_backward_costs(lengths: Sequence[int] = (512, 1024, 2048), n_heads: int = 8, head_dim: int = 32,
+                          block: int = 128) -> list[dict]:
+    """Peak working memory and time of the attention core's backward alone, float64, on the CPU.
+
+    Compares NumPy's ``chunked_attention_backward`` (tiles of ``block`` x ``block``) with the
+    PyTorch backward of the Triton kernel, ``flash_attention_backward``, which rebuilds P one
+    block of ``block`` query rows against all L keys. Inputs and saved tensors exist before
+    the measurement; only the backward's own allocations count.
+    """
+    rng = np.random.default_rng(0)
+    rows = []
+    for L in lengths:
+        Q, K, V, dO = rng.standard_normal((4, 1, n_heads, L, head_dim))  # (B, h, L, d_k) each
+        rows += _core_backward_costs(Q, K, V, dO, block)
+    return rows
 
 
 def plot_peak_memory(lengths: Sequence[int], peaks: dict[str, Sequence[int]], fit_from: int = 512) -> Figure:
