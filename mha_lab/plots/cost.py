@@ -6,7 +6,7 @@ Markdown strings so a chapter can display or glue them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 from matplotlib.figure import Figure
@@ -202,9 +202,11 @@ def _step_costs(layer: MultiHeadAttention, X: np.ndarray, G: np.ndarray, block: 
         kept = retained_memory(lambda s=step: s.forward(X))
         working = peak_memory(lambda s=step: s.backward(G))
         rows.append({"method": name, "L": X.shape[1], "kept": kept, "peak": kept + working})
+    def timed(step) -> Callable[[], object]:
+        return lambda: (layer.clear_cache(), step.forward(X), step.backward(G))  # each step starts with no cache
+
+    times = interleaved_times({name: timed(step) for name, step in steps.items()}, repeat=repeat, warmup=0)
     layer.clear_cache()
-    times = interleaved_times({name: lambda s=step: (s.forward(X), s.backward(G)) for name, step in steps.items()},
-                              repeat=repeat, warmup=0)
     return [{**row, "seconds": times[row["method"]]} for row in rows]
 
 
