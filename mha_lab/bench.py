@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mha_lab.analysis import count_flops
+from mha_lab.analysis import count_backward_flops, count_flops
 from mha_lab.cpu import MultiHeadAttention, chunked_forward, head_by_head_forward, per_head_attention
 from mha_lab.measure import (
     fit_exponent,
@@ -235,8 +235,8 @@ def _grid(quick: bool) -> dict:
 
 def _row(section: str, impl: str, dtype: str, B: int | None, L: int, d_model: int, h: int | None, seconds=None,
          peak_bytes=None, memory_method=None, gemm: dict | None = None, flops: int | None = None) -> dict:
-    if flops is None:  # forward + backward is about 3x the forward: two backward matmuls per forward matmul
-        flops = count_flops(B, L, d_model, h) * (3 if section == "backward" else 1)
+    if flops is None:  # a backward row times forward + backward
+        flops = count_flops(B, L, d_model, h) + (count_backward_flops(B, L, d_model, h) if section == "backward" else 0)
     gflops = flops / seconds / 1e9 if seconds else None
     ceiling = (gemm or {}).get(dtype)
     return {"section": section, "impl": impl, "dtype": dtype, "B": B, "L": L, "d_model": d_model, "h": h,

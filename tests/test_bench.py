@@ -10,6 +10,7 @@ from matplotlib.figure import Figure
 
 from mha_lab import bench
 from mha_lab.__main__ import main as cli_main
+from mha_lab.analysis import count_backward_flops
 from mha_lab.bench import BenchResults, run_suite
 from mha_lab.plots.bench import implementations_bar, memory_vs_length, time_vs_length
 
@@ -50,6 +51,9 @@ def test_rows_carry_shape_flops_and_gemm_fraction(results):
         assert r["flops"] == bench.count_flops(r["B"], r["L"], r["d_model"], r["h"])
         assert r["gflops"] == pytest.approx(r["flops"] / r["seconds"] / 1e9)
         assert r["gemm_fraction"] > 0
+    for r in results.select(section="backward"):
+        assert r["flops"] == bench.count_flops(r["B"], r["L"], r["d_model"], r["h"]) + count_backward_flops(
+            r["B"], r["L"], r["d_model"], r["h"])
     gemm = results.select(section="gemm", dtype="float64")[0]
     assert gemm["flops"] == 2 * TINY["gemm_n"] ** 3
 
