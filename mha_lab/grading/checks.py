@@ -16,12 +16,12 @@ from __future__ import annotations
 import ast
 import copy
 import importlib
-import tracemalloc
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from mha_lab.measure import peak_memory
 from mha_lab.testing import tolerances
 
 __all__ = ["Submission", "call", "call_with_peak", "call_replacing", "invoke", "run", "reference_use",
@@ -266,18 +266,10 @@ def expect_true(condition: bool, *, what: str, hint: str) -> None:
 
 
 def _measure(thunk: Callable[[], Any]) -> tuple[Any, int]:
-    was_tracing = tracemalloc.is_tracing()
-    if not was_tracing:
-        tracemalloc.start()
-    tracemalloc.reset_peak()
-    base = tracemalloc.get_traced_memory()[0]
-    try:
-        result = thunk()
-        peak = tracemalloc.get_traced_memory()[1] - base
-    finally:
-        if not was_tracing:
-            tracemalloc.stop()
-    return result, max(int(peak), 0)
+    """``thunk()`` and the peak bytes it allocated (``mha_lab.measure.peak_memory``)."""
+    box = []
+    peak = peak_memory(lambda: box.append(thunk()))
+    return box[0], peak
 
 
 def peak_bytes(fn: Callable, *args: Any, **kwargs: Any) -> int:
