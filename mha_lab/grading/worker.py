@@ -111,9 +111,16 @@ def _alarm(signum: int, frame: Any) -> None:
     raise TimeoutError(f"the cell ran longer than {CELL_SECONDS} s")
 
 
+class _Capped(io.StringIO):
+    """Printed output that keeps its first ``OUTPUT_CHARS`` characters and drops the rest."""
+
+    def write(self, text: str) -> int:
+        return super().write(str(text)[:max(OUTPUT_CHARS - self.tell(), 0)]) if self.tell() < OUTPUT_CHARS else 0
+
+
 def _run_cell(source: str, namespace: dict) -> list[dict]:
     """Execute one cell; its output as nbformat outputs (printed text, then the error if any)."""
-    out, outputs = io.StringIO(), []
+    out, outputs = _Capped(), []
     signal.signal(signal.SIGALRM, _alarm)
     signal.alarm(CELL_SECONDS)
     try:
@@ -124,7 +131,7 @@ def _run_cell(source: str, namespace: dict) -> list[dict]:
     finally:
         signal.alarm(0)
     if out.getvalue():
-        outputs.insert(0, {"output_type": "stream", "name": "stdout", "text": out.getvalue()[:OUTPUT_CHARS]})
+        outputs.insert(0, {"output_type": "stream", "name": "stdout", "text": out.getvalue()})
     return outputs
 
 
