@@ -23,7 +23,7 @@ from pathlib import Path
 
 import mha_lab
 
-__all__ = ["PYTHON", "Limits", "SandboxError", "bwrap", "check", "start", "enter"]
+__all__ = ["PYTHON", "Limits", "SandboxError", "bwrap", "check", "private_copy", "start", "enter"]
 
 GiB = 2**30
 PYTHON = str(Path(sys.prefix).resolve() / "bin" / Path(sys.executable).name)  # as the sandbox sees it
@@ -100,20 +100,35 @@ def _limit(limits: Limits) -> None:
     ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: bwrap dies when the grader does
 
 
+def private_copy(submission: Path, limits: Limits) -> Path:
+    """A readable copy of the submission folder in a new temporary folder: links stay links, and
+    files larger than the scratch space are left out."""
+    copy = Path(tempfile.mkdtemp(prefix="mha_lab_submission_"))
+
+    def too_big(folder: str, names: list[str]) -> list[str]:
+        paths = [Path(folder) / n for n in names]
+        return [p.name for p in paths if p.is_file() and not p.is_symlink() and p.stat().st_size > limits.scratch]
+
+    shutil.copytree(submission, copy, symlinks=True, ignore=too_big, dirs_exist_ok=True)
+    for path in [copy, *copy.rglob("*")]:
+        if not path.is_symlink():
+            path.chmod(0o755 if path.is_dir() else 0o644)
+    return copy
+
+
 def start(argv: list[str], submission: Path, limits: Limits, *, unsafe: bool = False) -> subprocess.Popen:
-    """Start ``argv`` (a Python command) in a sandbox; stdin and stdout are pipes to it.
+    """Start ``argv`` (a Python command) in a sandbox that sees ``submission`` (a ``private_copy``)
+    read-only; stdin and stdout are pipes to it.
 
     The sandbox runs as uid ``200000 + this process's id`` when the grader is root (so that the
     process cap counts this sandbox only), else as the grader's own uid in a user namespace.
-    ``unsafe`` runs it unconfined, in a copy of the submission, for machines without a sandbox.
+    ``unsafe`` runs it unconfined, in the copy itself, for machines without a sandbox.
     """
-    uid = 200_000 + os.getpid() if os.getuid() == 0 else os.getuid()
     if unsafe:
-        scratch = tempfile.mkdtemp(prefix="mha_lab_unsafe_")
-        shutil.copytree(submission, scratch, dirs_exist_ok=True, symlinks=True)
         return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                cwd=scratch, env={**os.environ, "MHA_LAB_SANDBOX_UID": "", "MPLBACKEND": "Agg"},
+                                cwd=submission, env={**os.environ, "MHA_LAB_SANDBOX_UID": "", "MPLBACKEND": "Agg"},
                                 preexec_fn=lambda: _limit(limits))
+    uid = 200_000 + os.getpid() if os.getuid() == 0 else os.getuid()
     return subprocess.Popen(command(argv, submission, limits, uid), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, preexec_fn=lambda: _limit(limits))
 

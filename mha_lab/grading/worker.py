@@ -9,11 +9,14 @@ never as pickles, so nothing the sandbox sends can run code in the grader.
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import json
 import os
 import selectors
+import shutil
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -168,9 +171,10 @@ class Worker:
     """A worker serving one submission from its sandbox; every request shares one deadline."""
 
     def __init__(self, folder: Path, limits: sandbox.Limits, *, unsafe: bool = False) -> None:
-        self.limits = limits
+        self.limits, self.unsafe = limits, unsafe
         self.deadline = time.monotonic() + limits.seconds
-        self.proc = sandbox.start([sandbox.PYTHON, "-m", "mha_lab.grading.worker", str(limits.processes)], folder,
+        self.copy = sandbox.private_copy(folder, limits)
+        self.proc = sandbox.start([sandbox.PYTHON, "-m", "mha_lab.grading.worker", str(limits.processes)], self.copy,
                                   limits, unsafe=unsafe)
         self.stopped = ""  # why the worker is gone, once it is
 
@@ -217,15 +221,28 @@ class Worker:
         raise AssertionError(reason)
 
     def close(self) -> None:
-        """Kill the sandbox: its pid namespace takes every process of the submission with it."""
-        if self.proc.poll() is None:
+        """Kill the sandbox: its pid namespace takes every process of the submission with it.
+
+        The namespace's first process (bwrap's child) is killed, so that bwrap itself returns
+        only once the kernel has ended every process of the namespace.
+        """
+        pid = self.proc.pid
+        try:
+            inner = [] if self.unsafe else Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        except OSError:
+            inner = []
+        for child in inner:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(child), signal.SIGKILL)
+        try:
+            self.proc.wait(timeout=10 if inner else 0)
+        except subprocess.TimeoutExpired:
             self.proc.kill()
-        self.proc.wait()
+            self.proc.wait()
         for pipe in (self.proc.stdin, self.proc.stdout):
-            try:
+            with contextlib.suppress(OSError):
                 pipe.close()
-            except OSError:
-                pass
+        shutil.rmtree(self.copy, ignore_errors=True)
 
 
 class RemoteSubmission(Mapping):

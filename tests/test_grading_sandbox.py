@@ -1,0 +1,103 @@
+"""The sandbox itself, one worker on an empty submission: what the student's code can and cannot do."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import mha_lab
+from mha_lab.grading.sandbox import GiB, Limits
+from mha_lab.grading.worker import Worker, decode, encode
+
+REPO = Path(mha_lab.__file__).resolve().parents[1]
+
+PROBE = """
+import os, socket, time
+report = {"uid": os.getuid(), "pid": os.getpid(), "scratch": sorted(os.listdir("/scratch"))}
+report["hidden"] = os.path.exists(HIDDEN)
+report["home"] = os.path.exists(os.path.expanduser("~root/.bashrc")) or os.path.exists("/root/.bashrc")
+try:
+    open(PACKAGE, "a").write("# changed")
+    report["package_writable"] = True
+except OSError:
+    report["package_writable"] = False
+try:
+    socket.create_connection(("127.0.0.1", PORT), timeout=2)
+    report["network"] = True
+except OSError:
+    report["network"] = False
+try:
+    import numpy as np
+    np.ones(3 * 2**30 // 8)
+    report["memory"] = "3 GiB allocated"
+except MemoryError:
+    report["memory"] = "MemoryError"
+if os.fork() == 0:  # a detached grandchild that would outlive its parent
+    os.setsid()
+    if os.fork() == 0:
+        time.sleep(600)
+    os._exit(0)
+forks = 0
+try:
+    for _ in range(200):
+        if os.fork() == 0:
+            time.sleep(60)
+            os._exit(0)
+        forks += 1
+except OSError:
+    pass
+report["forks"] = forks
+print(report)
+"""
+
+
+@pytest.fixture
+def listener():
+    server = socket.create_server(("127.0.0.1", 0))
+    yield server
+    server.close()
+
+
+@pytest.mark.timeout(120)
+def test_the_sandbox_confines_the_code_and_dies_whole(tmp_path, listener):
+    (tmp_path / "data.txt").write_text("the student's file")
+    package = str(Path(mha_lab.__file__).resolve())
+    probe = (PROBE.replace("HIDDEN", repr(str(REPO / "tests" / "hidden"))).replace("PACKAGE", repr(package))
+             .replace("PORT", str(listener.getsockname()[1])))
+    worker = Worker(tmp_path, Limits(memory=2 * GiB, processes=32, seconds=60))
+    try:
+        reply = worker.request({"op": "run", "cells": [probe, "def twice(x):\n    return 2 * x"]})
+        assert reply["outputs"][0][0]["output_type"] == "stream", reply["outputs"][0]
+        text = reply["outputs"][0][0]["text"]
+        report = eval(text)  # noqa: S307 - the dict the probe printed, from a test fixture
+        assert report["uid"] != 0 and report["pid"] < 100, report  # an unprivileged uid in its own pid namespace
+        assert report["scratch"] == ["data.txt"], report
+        assert not report["hidden"] and not report["home"] and not report["package_writable"], report
+        assert not report["network"] and report["memory"] == "MemoryError", report
+        assert report["forks"] < 32, report
+        answer = worker.request({"op": "call", "name": "twice", "arguments": encode(((21,), {})), "measure": False,
+                                 "replace": {}})
+        assert decode(answer["result"]) == 42
+    finally:
+        worker.close()
+    uids = subprocess.run(["ps", "-eo", "uid="], capture_output=True, text=True).stdout.split()
+    assert str(report["uid"]) not in uids, "a process of the sandbox outlived it"
+    assert (tmp_path / "data.txt").read_text() == "the student's file" and os.listdir(tmp_path) == ["data.txt"]
+    assert json.dumps(report)  # the probe ran to its end
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_that_hangs_is_stopped_at_its_deadline(tmp_path):
+    worker = Worker(tmp_path, Limits(seconds=5))
+    try:
+        with pytest.raises(AssertionError, match="ran out of its 5 s"):
+            worker.request({"op": "run", "cells": ["import signal\nsignal.alarm(0)\nwhile True:\n    pass"]})
+        with pytest.raises(AssertionError, match="ran out of its 5 s"):
+            worker.request({"op": "run", "cells": []})
+    finally:
+        worker.close()
