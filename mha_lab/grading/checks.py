@@ -172,8 +172,8 @@ def reference_use(cells: Sequence[str], name: str, allowed: Iterable[str] = (), 
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and "mha_lab." in node.value:
             return f"{node.value!r} (a module named in a string)"
     forbidden = _reference_names(frozenset(allowed))
-    defs: dict[str, list[ast.AST]] = {}  # a name -> the functions, classes and assignments that define it
-    for n in nodes:
+    defs: dict[str, list[ast.AST]] = {}  # a global name -> the functions, classes and assignments that define it
+    for n in (statement for tree in trees for statement in tree.body):
         for target in [n] if isinstance(n, ast.FunctionDef | ast.ClassDef) else getattr(n, "targets", []):
             defs.setdefault(getattr(target, "name", None) or getattr(target, "id", ""), []).append(n)
     imported: dict[str, str] = {}  # local name -> the module.name it stands for
@@ -194,6 +194,9 @@ def reference_use(cells: Sequence[str], name: str, allowed: Iterable[str] = (), 
         if id(fn) in seen:
             continue
         seen.add(id(fn))
+        local = {n.arg for n in ast.walk(fn) if isinstance(n, ast.arg)}  # names that shadow the globals
+        local |= {n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)
+                  and isinstance(fn, ast.FunctionDef)}
         for node in ast.walk(fn):
             if isinstance(node, ast.Name) and node.id in imported:
                 return imported[node.id]
@@ -203,7 +206,7 @@ def reference_use(cells: Sequence[str], name: str, allowed: Iterable[str] = (), 
             if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr"
                     and node.args and _root(node.args[0]) in modules):
                 return f"getattr on {_root(node.args[0])}"
-            if isinstance(node, ast.Name) and node.id not in skip:
+            if isinstance(node, ast.Name) and node.id not in skip and node.id not in local:
                 todo += defs.get(node.id, [])
     return ""
 
