@@ -36,7 +36,7 @@ from mha_lab.testing import tolerances
 
 __all__ = ["run_suite", "BenchResults", "main"]
 
-SECTIONS = ("forward", "backward", "memory", "gemm")
+SECTIONS = ("forward", "backward", "memory", "gemm", "tp")
 MAX_SCORE_BYTES = 2 * 2**30  # skip implementations that would hold a (B, h, L, L) tensor larger than this
 TARGET_H = 8  # the head count at which the four targets are judged
 
@@ -209,12 +209,27 @@ class BenchResults:
                                   fmt(r["h"], ""), fmt(r["seconds"] and r["seconds"] * 1e3, ".1f"),
                                   fmt(r["peak_bytes"] and r["peak_bytes"] / 2**20, ".1f"), fmt(r["gflops"], ".1f"),
                                   fmt(r["gemm_fraction"], ".0%")] for r in self.rows]),
+                 *self._tp_markdown(),
                  "", "### Growth with L (log-log fit)", "",
                  markdown_table(["quantity", "section", "implementation", "dtype", "h", "L range", "exponent"],
                                 [[f["quantity"], f["section"], f["impl"], f["dtype"], str(f["h"]),
                                   f"{f['L_range'][0]}-{f['L_range'][1]}", f"{f['exponent']:.2f}"]
                                  for f in self.exponents()])]
         return "\n".join(parts) + "\n"
+
+    def _tp_markdown(self) -> list[str]:
+        """The tensor-parallel rows with the all-reduce's share and the speed-up over one rank."""
+        rows = self.select(section="tp")
+        if not rows:
+            return []
+        one = next((r for r in rows if r["ranks"] == 1), None)
+        return ["", f"### Tensor parallelism on CPU ranks (one thread each, L={rows[0]['L']}, float32)", "",
+                markdown_table(["ranks", "time per step (ms)", "all-reduce share", "KiB per rank",
+                                "speed-up", "at most"],
+                               [[str(r["ranks"]), f"{r['seconds'] * 1e3:.1f}", f"{r['allreduce_share']:.0%}",
+                                 f"{r['allreduce_bytes_per_rank'] / 2**10:.0f}",
+                                 f"{one['seconds'] / r['seconds']:.2f}x" if one else "", f"{r['ideal_speedup']}x"]
+                                for r in rows])]
 
     def to_dict(self) -> dict:
         return {"machine": self.machine, "config": self.config, "rows": self.rows,
@@ -228,9 +243,11 @@ class BenchResults:
 def _grid(quick: bool) -> dict:
     if quick:
         return {"B": 2, "d_model": 512, "lengths": (256, 1024), "heads": (TARGET_H,),
-                "memory_lengths": (256, 1024), "backward_lengths": (512,), "repeat": 3, "gemm_n": 1024}
+                "memory_lengths": (256, 1024), "backward_lengths": (512,), "repeat": 3, "gemm_n": 1024,
+                "tp_length": 256, "tp_ranks": (1, 2)}
     return {"B": 2, "d_model": 512, "lengths": (256, 1024, 4096), "heads": (1, TARGET_H, 16),
-            "memory_lengths": (256, 1024, 4096), "backward_lengths": (256, 1024), "repeat": 5, "gemm_n": 2048}
+            "memory_lengths": (256, 1024, 4096), "backward_lengths": (256, 1024), "repeat": 5, "gemm_n": 2048,
+            "tp_length": 256, "tp_ranks": (1, 2, 4)}
 
 
 def _row(section: str, impl: str, dtype: str, B: int | None, L: int, d_model: int, h: int | None, seconds=None,
@@ -242,6 +259,23 @@ def _row(section: str, impl: str, dtype: str, B: int | None, L: int, d_model: in
     return {"section": section, "impl": impl, "dtype": dtype, "B": B, "L": L, "d_model": d_model, "h": h,
             "seconds": seconds, "peak_bytes": peak_bytes, "memory_method": memory_method, "flops": flops,
             "gflops": gflops, "gemm_fraction": gflops / ceiling if gflops and ceiling else None}
+
+
+def _tp_rows(B: int, L: int, d_model: int, ranks: tuple[int, ...], repeat: int) -> list[dict]:
+    """A training step of the tensor-parallel layer on CPU ranks (``mha_lab.parallel.scaling``), float32.
+
+    Each row adds the all-reduce's share of the step, the bytes per rank, and the ideal
+    speed-up ``min(ranks, cores)``: every rank runs one thread.
+    """
+    from mha_lab.parallel.check import Case
+    from mha_lab.parallel.scaling import measure_scaling
+
+    case = Case(batch=B, seq_len=L, d_model=d_model, heads=TARGET_H, bias=False, dtype="float32")
+    return [{**_row("tp", f"tensor-parallel, {r['world_size']} rank(s)", "float32", B, L, d_model, TARGET_H,
+                    seconds=r["seconds"], flops=int(r["flops_per_rank"] * r["world_size"])),
+             "ranks": r["world_size"], "allreduce_share": r["allreduce_share"],
+             "allreduce_bytes_per_rank": sum(r["bytes"].values()), "ideal_speedup": r["ideal_speedup"]}
+            for r in measure_scaling(case, ranks, repeat)]
 
 
 class _Shape:
@@ -384,6 +418,8 @@ def run_suite(quick: bool = False, sections: tuple[str, ...] = SECTIONS, progres
         times = interleaved_times(calls, repeat=repeat, warmup=0)  # the agreement check was the warm-up
         results.rows += [_row(section, impl, dtype, B, L, d, h, seconds=t, gemm=gemm) for (impl, dtype), t in
                          times.items()]
+    if "tp" in sections and g["tp_ranks"] and _torch() is not None:
+        results.rows += _tp_rows(B, g["tp_length"], d, tuple(g["tp_ranks"]), R)
     return results
 
 

@@ -22,6 +22,7 @@ from mha_lab.parallel import check as tp_check  # noqa: E402
 from mha_lab.parallel.check import Case, check_case, format_report  # noqa: E402
 from mha_lab.parallel.launch import spawn  # noqa: E402
 from mha_lab.parallel.layer import TensorParallelAttention  # noqa: E402
+from mha_lab.parallel.scaling import scaling_worker  # noqa: E402
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -38,6 +39,8 @@ CASES_4 = {
     "gqa replicated": Case(heads=8, kv_heads=2, causal=True),
     "mqa L=1": Case(seq_len=1, d_model=32, heads=4, kv_heads=1, causal=True),
 }
+
+SCALING_CASE = Case(seq_len=16, d_model=32, heads=4, bias=False, dtype="float32")
 
 
 def _refusals(device) -> dict[str, str]:
@@ -64,7 +67,8 @@ def _worker(device) -> dict:
     pair = pairs[dist.get_rank() // 2]
     two = {name: check_case(c, device, pair) for name, c in CASES_2.items()}
     four = {name: check_case(c, device) for name, c in CASES_4.items()}
-    return {"two": two, "four": four, "refusals": _refusals(device)}
+    scaling = scaling_worker(device, SCALING_CASE, (1, 2, 4), repeat=1)
+    return {"two": two, "four": four, "refusals": _refusals(device), "scaling": scaling}
 
 
 @pytest.fixture(scope="module")
@@ -148,3 +152,29 @@ def test_cli_prints_the_report_and_exits_nonzero_on_a_mismatch(ranks, monkeypatc
         out = capsys.readouterr().out
         assert out.splitlines()[-1].startswith("OK" if status == 0 else "FAILED")
         assert "65,536 /     65,536" in out
+
+
+def test_scaling_rows_measure_one_step_per_rank_count(ranks):
+    import os
+
+    rows = ranks[0]["scaling"]
+    assert [r["world_size"] for r in rows] == [1, 2, 4] and ranks[1]["scaling"] is None
+    c = SCALING_CASE
+    message = c.batch * c.seq_len * c.d_model * 4  # float32
+    for r in rows:
+        assert r["bytes"] == {"g forward": message, "f backward": message, "K/V grads backward": 0}
+        assert r["seconds"] > 0 and 0 <= r["allreduce_share"] <= 1
+        assert r["ideal_speedup"] == min(r["world_size"], os.cpu_count())
+    assert [rows[0]["flops_per_rank"] / r["flops_per_rank"] for r in rows] == [1, 2, 4]
+
+
+def test_bench_reports_the_tensor_parallel_rows(ranks, monkeypatch):
+    from mha_lab import bench
+    from mha_lab.parallel import scaling
+
+    monkeypatch.setattr(scaling, "measure_scaling", lambda case, world_sizes, repeat: ranks[0]["scaling"])
+    rows = bench._tp_rows(2, 16, 32, (1, 2, 4), 1)
+    assert [r["ranks"] for r in rows] == [1, 2, 4] and {r["section"] for r in rows} == {"tp"}
+    text = bench.BenchResults(rows=rows).to_markdown()
+    assert "### Tensor parallelism on CPU ranks" in text
+    assert "| 4 | " in text and "all-reduce share" in text

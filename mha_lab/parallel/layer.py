@@ -58,25 +58,32 @@ def _all_reduce(t: torch.Tensor, group, log: CommLog, op: str) -> torch.Tensor:
 
 
 class CopyToParallel(torch.autograd.Function):
-    r"""Megatron's :math:`f`: identity forward; backward, :math:`\nabla_X = \sum_r \nabla_X^{(r)}` over the group."""
+    r"""Megatron's :math:`f`: identity forward; all-reduce of the gradient backward.
+
+    Backward: :math:`\nabla_X = \sum_r \nabla_X^{(r)}`, one part per rank.
+    """
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, group, log: CommLog, op: str) -> torch.Tensor:
+    def forward(ctx, x: torch.Tensor, group, log: CommLog, op: str):
         ctx.group, ctx.log, ctx.op = group, log, op
         return x.view_as(x)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        grad = grad.clone(memory_format=torch.contiguous_format)  # the collective writes in place
+        grad = grad.clone(memory_format=torch.contiguous_format)  # summed in place
         return _all_reduce(grad, ctx.group, ctx.log, ctx.op), None, None, None
 
 
 class ReduceFromParallel(torch.autograd.Function):
-    r"""Megatron's :math:`g`: forward, :math:`\mathrm{out} = \sum_r \mathrm{partial}^{(r)}`; identity backward."""
+    r"""Megatron's :math:`g`: all-reduce forward; identity backward.
+
+    Forward: :math:`\mathrm{out} = \sum_r \mathrm{partial}^{(r)}` (row-parallel).
+    """
 
     @staticmethod
-    def forward(ctx, partial: torch.Tensor, group, log: CommLog) -> torch.Tensor:
-        return _all_reduce(partial.clone(memory_format=torch.contiguous_format), group, log, "g forward")
+    def forward(ctx, partial: torch.Tensor, group, log: CommLog):
+        out = partial.clone(memory_format=torch.contiguous_format)  # summed in place
+        return _all_reduce(out, group, log, "g forward")
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
@@ -149,24 +156,26 @@ class TensorParallelAttention(nn.Module):
     _check_input = MultiHeadAttention._check_input  # the single-device layer's checks: they read only d_model
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, L, d_model) -> (B, L, d_model); the input is checked before the first collective."""
+        """(B, L, d_model) -> (B, L, d_model); x is checked before any collective."""
         self._check_input(x)
         B, L, _ = x.shape
         h_r, g_r, d_k = len(self.q_heads), len(self.kv_heads), self.d_k
         x = CopyToParallel.apply(x, self.group, self.comm, "f backward")
-        W_K, W_V, b_K, b_V = self.W_K, self.W_V, self.b_K, self.b_V
-        if self.kv_group is not None:  # a shared K/V head: its gradient is summed over the ranks sharing it
-            W_K, W_V = (CopyToParallel.apply(w, self.kv_group, self.comm, "K/V grads backward") for w in (W_K, W_V))
-            if self.use_bias:
-                b_K, b_V = (CopyToParallel.apply(b, self.kv_group, self.comm, "K/V grads backward")
-                            for b in (b_K, b_V))
-        q, k, v = x @ self.W_Q, x @ W_K, x @ W_V  # column-parallel: (B, L, d_model) -> (B, L, heads_r * d_k)
+        kv = [self.W_K, self.W_V, self.b_K, self.b_V]
+        if self.kv_group is not None:  # a shared K/V head: sum its weights' gradients
+            kv = [None if t is None else CopyToParallel.apply(
+                t, self.kv_group, self.comm, "K/V grads backward") for t in kv]
+        W_K, W_V, b_K, b_V = kv
+        # column-parallel: (B, L, d_model) -> (B, L, h_r*d_k), (B, L, g_r*d_k)
+        q, k, v = x @ self.W_Q, x @ W_K, x @ W_V
         if self.use_bias:
             q, k, v = q + self.b_Q, k + b_K, v + b_V
-        q = q.view(B, L, h_r, d_k).transpose(1, 2)  # (B, L, h_r*d_k) -> (B, h_r, L, d_k)
-        k = k.view(B, L, g_r, d_k).transpose(1, 2)  # (B, L, g_r*d_k) -> (B, g_r, L, d_k)
-        v = v.view(B, L, g_r, d_k).transpose(1, 2)  # (B, L, g_r*d_k) -> (B, g_r, L, d_k)
-        z = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal, enable_gqa=h_r > g_r)  # (B, h_r, L, d_k)
-        z = z.transpose(1, 2).reshape(B, L, h_r * d_k)  # (B, h_r, L, d_k) -> (B, L, h_r*d_k)
-        out = ReduceFromParallel.apply(z @ self.W_O, self.group, self.comm)  # row-parallel partials, summed
-        return out + self.b_O if self.use_bias else out
+        q = q.view(B, L, h_r, d_k).transpose(1, 2)  # -> (B, h_r, L, d_k)
+        k = k.view(B, L, g_r, d_k).transpose(1, 2)  # -> (B, g_r, L, d_k)
+        v = v.view(B, L, g_r, d_k).transpose(1, 2)  # -> (B, g_r, L, d_k)
+        z = F.scaled_dot_product_attention(  # (B, h_r, L, d_k)
+            q, k, v, is_causal=self.causal, enable_gqa=h_r > g_r)
+        z = z.transpose(1, 2).reshape(B, L, h_r * d_k)  # -> (B, L, h_r*d_k)
+        # row-parallel: this rank's partial output (B, L, d_model), summed by g
+        out = ReduceFromParallel.apply(z @ self.W_O, self.group, self.comm)
+        return out + self.b_O if self.use_bias else out  # b_O once, after the sum

@@ -16,7 +16,7 @@ from mha_lab.cpu import GroupedQueryAttention
 from mha_lab.parallel import allreduce_bytes, head_columns, shard_layer, weights_per_device
 from mha_lab.plots.style import check, legend_outside, new_figure
 
-__all__ = ["plot_weight_split", "plot_tp_memory_and_traffic"]
+__all__ = ["plot_weight_split", "plot_tp_memory_and_traffic", "plot_tp_compute_and_communication"]
 
 _REPLICATED = -2
 
@@ -87,4 +87,28 @@ def plot_tp_memory_and_traffic(model: str = "Llama-2-70B", seq_len: int = 4096, 
            title=f"{model}: one attention layer")
     legend_outside(ax)
     ax.grid(True, axis="y", alpha=0.3)
+    return check(fig)
+
+
+def plot_tp_compute_and_communication(rows: Sequence[dict]) -> Figure:
+    """Per rank, one layer's forward and backward: FLOPs (left) and bytes through the all-reduces (right).
+
+    ``rows`` are ``mha_lab.parallel.scaling.measure_scaling``'s: the bytes are what each rank
+    handed to the collectives in a real run, and the dashed line is what a ring all-reduce of
+    those tensors sends per rank, :math:`2\\frac{N-1}{N}` times as much.
+    """
+    N = [r["world_size"] for r in rows]
+    x = np.arange(len(N))
+    fig, (left, right) = new_figure(3.4, 1, 2)
+    left.bar(x, [r["flops_per_rank"] / 1e9 for r in rows], width=0.6, color="C0")
+    left.set(xlabel="ranks N", ylabel="GFLOP per rank", title="compute, forward + backward")
+    handed = np.array([sum(r["bytes"].values()) / 2**10 for r in rows])
+    right.bar(x, handed, width=0.6, color="C1", label="handed to the all-reduces (measured)")
+    right.plot(x, [2 * (n - 1) / n * b for n, b in zip(N, handed, strict=True)], "k--o",
+               label="sent by a ring all-reduce")
+    right.set(xlabel="ranks N", ylabel="KiB per rank", title="communication, f and g")
+    for ax in (left, right):
+        ax.set_xticks(x, [str(n) for n in N])
+        ax.grid(True, axis="y", alpha=0.3)
+    legend_outside(right, "below", ncol=2)
     return check(fig)

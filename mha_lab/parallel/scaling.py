@@ -1,0 +1,74 @@
+"""One training step of the tensor-parallel layer on 1, 2, 4... ranks: time, all-reduce time, bytes.
+
+``scaling_worker`` runs on the largest rank count; for each smaller count N the first N ranks
+form a group and the others wait. Every rank runs one thread, so N ranks can use at most
+``min(N, cores)`` cores: the ideal speed-up over one rank. A step is forward and backward;
+its time is the median over repeats on the slowest rank, and the all-reduce time is what that
+rank spent inside the collectives (waiting for the other ranks included). ``measure_scaling``
+starts the ranks and returns the rows.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from statistics import median
+
+import torch
+import torch.distributed as dist
+
+from mha_lab.analysis import count_backward_flops, count_flops
+from mha_lab.measure import median_time
+from mha_lab.parallel.check import OPS, Case, reference
+from mha_lab.parallel.launch import spawn
+from mha_lab.parallel.layer import TensorParallelAttention
+
+__all__ = ["step_seconds", "scaling_worker", "measure_scaling"]
+
+
+def step_seconds(case: Case, device: torch.device, group, repeat: int = 5) -> dict:
+    """This rank's median step time, the all-reduce part of it, and the bytes it handed in. Collective."""
+    layer, x, grad_out = reference(case, device)
+    tp = TensorParallelAttention(layer, group)
+    x = x.requires_grad_()
+    comm_seconds: list[float] = []
+
+    def step() -> None:
+        dist.barrier(group)  # every rank starts the step together
+        tp.comm.clear()
+        tp.zero_grad(set_to_none=True)
+        tp(x).backward(grad_out)
+        comm_seconds.append(tp.comm.total("seconds"))
+
+    seconds = median_time(step, repeat=repeat, warmup=1)
+    return {"seconds": seconds, "allreduce_seconds": median(comm_seconds[1:]),
+            "bytes": {op: int(tp.comm.total("bytes", op)) for op in OPS}}
+
+
+def scaling_worker(device: torch.device, case: Case, world_sizes: Sequence[int], repeat: int = 5) -> list[dict] | None:
+    """``spawn`` target on ``max(world_sizes)`` ranks; rank 0 returns one row per rank count."""
+    torch.set_num_threads(1)  # one core per rank: more threads would compete with the other ranks
+    rank, rows, cores = dist.get_rank(), [], os.cpu_count() or 1
+    h_kv = case.kv_heads or case.heads
+    flops = count_flops(case.batch, case.seq_len, case.d_model, case.heads, h_kv, causal=case.causal) \
+        + count_backward_flops(case.batch, case.seq_len, case.d_model, case.heads, h_kv, causal=case.causal)
+    for n in world_sizes:
+        group = dist.new_group(list(range(n)))  # collective: every rank of the job creates every group
+        if rank < n:
+            mine = step_seconds(case, device, group, repeat)
+            ranks = [None] * n if rank == 0 else None
+            dist.gather_object(mine, ranks, group=group, group_dst=0)
+            if rank == 0:
+                slowest = max(ranks, key=lambda r: r["seconds"])
+                rows.append({"world_size": n, "ideal_speedup": min(n, cores), **slowest,
+                             "flops_per_rank": flops / n,
+                             "allreduce_share": slowest["allreduce_seconds"] / slowest["seconds"]})
+        dist.barrier()
+    return rows if rank == 0 else None
+
+
+def measure_scaling(case: Case, world_sizes: Sequence[int] = (1, 2, 4), repeat: int = 5,
+                    timeout: float = 300.0) -> list[dict]:
+    """Start ``max(world_sizes)`` CPU ranks and time a step at each rank count; one row per count."""
+    return spawn(scaling_worker, max(world_sizes), (case, tuple(world_sizes), repeat), timeout=timeout,
+                 device="cpu")[0]
