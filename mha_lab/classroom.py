@@ -14,6 +14,7 @@ import ast
 import csv
 import importlib
 import importlib.util
+import io
 import os
 import re
 import shutil
@@ -22,6 +23,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import tokenize
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -173,14 +175,17 @@ class Attack:
 
 
 def _body(path: Path) -> str:
-    """The source of the body of ``cell`` in the module at ``path``, dedented."""
-    tree = ast.parse(path.read_text())
-    fn = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "cell"), None)
+    """The source of the body of ``cell`` in the module at ``path``, dedented (string literals kept as written)."""
+    text = path.read_text()
+    fn = next((n for n in ast.parse(text).body if isinstance(n, ast.FunctionDef) and n.name == "cell"), None)
     if fn is None:
         raise ValueError(f"{path} defines no function cell(marker, port, course, repo, protect)")
-    indent = " " * fn.body[0].col_offset  # not textwrap.dedent: a multi-line string may start at column 0
-    lines = path.read_text().splitlines()[fn.body[0].lineno - 1:fn.body[-1].end_lineno]
-    return "\n".join(ln.removeprefix(indent) for ln in lines) + "\n"
+    inside_strings = {line for tok in tokenize.generate_tokens(io.StringIO(text).readline)
+                      if tok.type == tokenize.STRING for line in range(tok.start[0] + 1, tok.end[0] + 1)}
+    indent = " " * fn.body[0].col_offset
+    lines = text.splitlines()
+    return "\n".join(lines[i - 1] if i in inside_strings else lines[i - 1].removeprefix(indent)
+                     for i in range(fn.body[0].lineno, fn.body[-1].end_lineno + 1)) + "\n"
 
 
 def attacks(folder: Path = REPO / "tests" / "adversarial") -> list[Attack]:
