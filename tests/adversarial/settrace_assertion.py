@@ -1,5 +1,5 @@
-"""Trace every frame (sys.settrace): make the checks' expected values equal the actual ones, jump over
-failing lines, and replace builtins.AssertionError and sys.excepthook.
+"""Trace every frame (sys.settrace): make the checks' expected values equal the actual ones and their
+conditions true, and replace builtins.AssertionError and sys.excepthook.
 
 Stopped by: judging outside the sandbox: the tracer lives in the student's process; the checks run in the grader's.
 """
