@@ -342,3 +342,33 @@ def test_code_excerpts_match_their_source():
 def test_every_exercise_has_a_title(stem):
     untitled = re.findall(r"^(?:`{3,}|:{3,})\{exercise\}\s*\n:label:\s*(\S+)", page_source(stem).read_text(), re.M)
     assert not untitled, f"{stem}.md: exercises without a title: {untitled}"
+
+
+def _object_lines(path: Path, name: str) -> list[str]:
+    """The source lines of ``name`` (``func`` or ``Class.method``) in ``path``, decorators included."""
+    node: ast.AST = ast.parse(path.read_text())
+    for part in name.split("."):
+        node = next(n for n in ast.walk(node)
+                    if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == part)
+    start = node.decorator_list[0].lineno if node.decorator_list else node.lineno
+    return path.read_text().splitlines()[start - 1:node.end_lineno]
+
+
+def test_listings_shown_on_a_page_fit_the_column():
+    """Package code a chapter shows in full (``literalinclude`` outside a folded dropdown) fits the column."""
+    problems, shown = [], 0
+    for md in sorted(BOOK.glob("*.md")):
+        text = md.read_text()
+        folded = [m.span() for m in re.finditer(r"^````\{dropdown\}.*?^````", text, re.M | re.S)]
+        for m in re.finditer(r"^```\{literalinclude\} (\S+)\n((?::\w+:.*\n)*)", text, re.M):
+            obj = re.search(r":pyobject:\s*(\S+)", m.group(2))
+            if not obj or any(a <= m.start() < b for a, b in folded):
+                continue
+            dedent = int((re.search(r":dedent:\s*(\d+)", m.group(2)) or [0, 0])[1])
+            shown += 1
+            for line in _object_lines((md.parent / m.group(1)).resolve(), obj.group(1)):
+                if len(line) - dedent > MAX_CODE_LINE + 1:
+                    problems.append(f"{md.name} shows {obj.group(1)}: {len(line) - dedent} characters: "
+                                    f"{line.strip()[:50]}")
+    assert shown, "no listing found"
+    assert not problems, "\n".join(problems)

@@ -233,27 +233,34 @@ class GroupedQueryAttention(AttentionLayer):
         """
         c = self._cached()
         if grad_out.shape != c["X"].shape:
-            raise ValueError(f"grad_out has shape {grad_out.shape}, expected {c['X'].shape}")
+            raise ValueError(f"grad_out has shape {grad_out.shape}, "
+                             f"expected {c['X'].shape}")
         A = c["A"]
         # step 1: output projection -> grad_W_O, grad_concat
-        grad_concat = self.project_backward(c["concat"], grad_out, "O")  # (B, L, d_model)
+        # (B, L, d_model)
+        grad_concat = self.project_backward(c["concat"], grad_out, "O")
         # step 2: head merge -> (B, L, d_model) -> (B, h, L, d_k)
         grad_Z = split_heads(grad_concat, self.num_heads)
         # step 3: Z = A V -> grad_A, grad_V
-        grad_A = self._group(grad_Z) @ c["V"][:, :, None].swapaxes(-1, -2)  # (B, h_kv, n_rep, L, L)
+        # (B, h_kv, n_rep, L, L)
+        grad_A = self._group(grad_Z) @ c["V"][:, :, None].swapaxes(-1, -2)
         grad_A = grad_A.reshape(A.shape)  # -> (B, h, L, L)
         grad_V = A.transpose(0, 1, 3, 2) @ grad_Z  # (B, h, L, d_k)
         # step 4: softmax (masked positions have A = 0, so their gradient is 0)
         grad_S = softmax_backward(grad_A, A)  # (B, h, L, L)
         # step 5: scale and Q K^T -> grad_Q, grad_K
         grad_S *= 1.0 / np.sqrt(self.d_k)
-        grad_Q = self._group(grad_S) @ c["K"][:, :, None]  # (B, h_kv, n_rep, L, L) @ (B, h_kv, 1, L, d_k)
-        grad_Q = grad_Q.reshape(c["Q"].shape)  # (B, h_kv, n_rep, L, d_k) -> (B, h, L, d_k)
+        # (B, h_kv, n_rep, L, L) @ (B, h_kv, 1, L, d_k)
+        grad_Q = self._group(grad_S) @ c["K"][:, :, None]
+        # (B, h_kv, n_rep, L, d_k) -> (B, h, L, d_k)
+        grad_Q = grad_Q.reshape(c["Q"].shape)
         grad_K = grad_S.transpose(0, 1, 3, 2) @ c["Q"]  # (B, h, L, d_k)
-        grad_K, grad_V = self._sum_groups(grad_K), self._sum_groups(grad_V)  # -> (B, h_kv, L, d_k)
+        # -> (B, h_kv, L, d_k)
+        grad_K, grad_V = self._sum_groups(grad_K), self._sum_groups(grad_V)
         # step 6: head split -> (B, h, L, d_k) -> (B, L, h*d_k)
-        grads = {"Q": merge_heads(grad_Q), "K": merge_heads(grad_K), "V": merge_heads(grad_V)}
-        # step 7: projections -> grad_W_Q/K/V; X fed all three, so its gradient is the sum
+        grads = {"Q": merge_heads(grad_Q), "K": merge_heads(grad_K),
+                 "V": merge_heads(grad_V)}
+        # step 7: projections -> grad_W_Q/K/V; X fed all three: its gradient is the sum
         X = c["X"]
         return sum(self.project_backward(X, grads[n], n) for n in "QKV")
 

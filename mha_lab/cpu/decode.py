@@ -119,14 +119,18 @@ def prefill(layer, X: np.ndarray, cache: KVCache) -> np.ndarray:
 
 
 def decode_step(layer, x: np.ndarray, cache: KVCache) -> np.ndarray:
-    """One new token per sequence against the cache: (B, 1, d_model) -> (B, 1, d_model).
+    """One new token per sequence against the cache.
 
-    Its key and value are appended first, so the token sees itself. No mask is needed:
-    the cache holds exactly the positions the token may see (all, or the last W).
+    Shapes: x: (B, 1, d_model) -> (B, 1, d_model).
+
+    Its key and value are appended first, so the token sees itself. No mask is
+    needed: the cache holds exactly the positions the token may see (all, or the
+    last W).
     """
     _check_layer_and_cache(layer, x, cache)
     if x.shape[1] != 1:
-        raise ValueError(f"decode_step takes one token per sequence, x (B, 1, d_model); "
+        raise ValueError("decode_step takes one token per sequence, "
+                         "x (B, 1, d_model); "
                          f"got shape {x.shape}; run a prompt with prefill")
     q, k, v = layer.project_qkv(x)  # (B, h, 1, d_k), (B, h_kv, 1, d_k) twice
     cache.append(k, v)

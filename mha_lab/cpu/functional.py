@@ -50,21 +50,25 @@ def check_mask(mask: np.ndarray | None, target_shape: tuple[int, ...]) -> None:
         )
 
 
-def softmax(x: np.ndarray, axis: int = -1, out: np.ndarray | None = None) -> np.ndarray:
+def softmax(x: np.ndarray, axis: int = -1,
+            out: np.ndarray | None = None) -> np.ndarray:
     r"""Numerically stable softmax along ``axis``.
 
-    .. math:: \mathrm{softmax}(x)_j = \frac{e^{x_j - m}}{\sum_k e^{x_k - m}}, \quad m = \max_k x_k
+    .. math::
+        \mathrm{softmax}(x)_j = \frac{e^{x_j - m}}{\sum_k e^{x_k - m}},
+        \quad m = \max_k x_k
 
     Subtracting the row maximum leaves the result unchanged and keeps ``exp`` from
-    overflowing. ``out`` may be ``x`` itself to work in place (no extra L x L buffer).
+    overflowing. ``out`` may be ``x`` itself to work in place (no extra L x L
+    buffer).
     A row whose entries are all ``-inf`` (fully masked) raises ValueError instead of
     returning NaN.
     """
     m = np.max(x, axis=axis, keepdims=True)
     if np.isneginf(m).any():
         raise ValueError(
-            "softmax: a row is fully masked (every score is -inf), so no position can be "
-            "attended to; check the mask (is it inverted?)"
+            "softmax: a row is fully masked (every score is -inf), so no position "
+            "can be attended to; check the mask (is it inverted?)"
         )
     out = np.subtract(x, m, out=out)
     np.exp(out, out=out)
@@ -127,17 +131,20 @@ def merge_heads(x: np.ndarray) -> np.ndarray:
 
 
 def repeat_kv(x: np.ndarray, n_rep: int) -> np.ndarray:
-    """Repeat each key/value head ``n_rep`` times: (B, h_kv, L, d) -> (B, h_kv * n_rep, L, d).
+    """Repeat each key/value head ``n_rep`` times.
 
-    Equivalent to ``np.repeat(x, n_rep, axis=1)`` (torch's ``repeat_interleave``): query head
-    ``i`` reads KV head ``i // n_rep``. ``np.tile`` (torch's ``repeat``) would pair heads wrongly.
+    Shapes: (B, h_kv, L, d) -> (B, h_kv * n_rep, L, d).
+    Equivalent to ``np.repeat(x, n_rep, axis=1)`` (torch's ``repeat_interleave``):
+    query head ``i`` reads KV head ``i // n_rep``. ``np.tile`` (torch's ``repeat``)
+    would pair heads wrongly.
     """
     check_rank("x", x, 4, "(B, h_kv, L, d)")
     if n_rep == 1:
         return x
     B, h_kv, L, d = x.shape
     # (B, h_kv, L, d) -> (B, h_kv, n_rep, L, d) -> (B, h_kv * n_rep, L, d)
-    return np.broadcast_to(x[:, :, None], (B, h_kv, n_rep, L, d)).reshape(B, h_kv * n_rep, L, d)
+    shared = np.broadcast_to(x[:, :, None], (B, h_kv, n_rep, L, d))
+    return shared.reshape(B, h_kv * n_rep, L, d)
 
 
 def scaled_dot_product_attention(

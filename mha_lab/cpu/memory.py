@@ -21,8 +21,9 @@ __all__ = ["head_by_head_forward", "chunked_forward", "chunked_attention", "chun
            "Checkpointed"]
 
 
-def head_by_head_forward(X: np.ndarray, layer: GroupedQueryAttention, mask: np.ndarray | None = None) -> np.ndarray:
-    r"""The layer's forward computed one head at a time; same output as ``layer.forward``.
+def head_by_head_forward(X: np.ndarray, layer: GroupedQueryAttention,
+                         mask: np.ndarray | None = None) -> np.ndarray:
+    r"""The layer's forward computed one head at a time; equals ``layer.forward``.
 
     .. math:: \mathrm{out} = b_O + \sum_i \mathrm{head}_i\, W_O^{(i)}
 
@@ -30,9 +31,11 @@ def head_by_head_forward(X: np.ndarray, layer: GroupedQueryAttention, mask: np.n
     Shapes: X: (B, L, d_model) -> (B, L, d_model).
     """
     X = layer.check_input(X)
-    out = np.zeros(X.shape[:2] + (layer.W_O.shape[1],), dtype=X.dtype)  # (B, L, d_model)
+    # (B, L, d_model)
+    out = np.zeros(X.shape[:2] + (layer.W_O.shape[1],), dtype=X.dtype)
     for i in range(layer.num_heads):
-        out += head_forward(X, layer, i, mask)[0]  # head i's (B, L, L) weights die with this statement
+        # head i's (B, L, L) weights die with this statement
+        out += head_forward(X, layer, i, mask)[0]
     if layer.use_bias:
         out += layer.b_O
     return out
@@ -88,26 +91,29 @@ def _block_scores(q: np.ndarray, k: np.ndarray, qs: int, ks: int, causal: bool,
     return s
 
 
-def chunked_attention(Q: np.ndarray, K: np.ndarray, V: np.ndarray, causal: bool = False,
-                      mask: np.ndarray | None = None, block_q: int = 128, block_k: int = 256,
-                      return_lse: bool = False) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
-    r"""Exact attention in query/key blocks with an online softmax; no L x L matrix is formed.
+def chunked_attention(
+    Q: np.ndarray, K: np.ndarray, V: np.ndarray, causal: bool = False,
+    mask: np.ndarray | None = None, block_q: int = 128, block_k: int = 256,
+    return_lse: bool = False,
+) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+    r"""Exact attention in query/key blocks with an online softmax; no L x L matrix.
 
-    For each query block, with running row maximum :math:`m`, normaliser :math:`\ell` and
-    unnormalised output :math:`a`, every key block :math:`S = q k^\top / \sqrt{d}` updates
+    For each query block, with running row maximum :math:`m`, normaliser :math:`\ell`
+    and unnormalised output :math:`a`, every key block
+    :math:`S = q k^\top / \sqrt{d_k}` updates
 
     .. math:: m' = \max(m, \max_j S_j), \quad
               \ell' = e^{m - m'} \ell + \sum_j e^{S_j - m'}, \quad
               a' = e^{m - m'} a + e^{S - m'} v
 
-    and the block's output is :math:`a / \ell`. Causal attention skips the key blocks that
-    lie wholly above the diagonal. With ``return_lse`` it also returns each row's
+    and the block's output is :math:`a / \ell`. Causal attention skips the key blocks
+    that lie wholly above the diagonal. With ``return_lse`` it also returns each row's
     log-sum-exp :math:`m + \log \ell = \log \sum_j e^{S_j}`, all that
     ``chunked_attention_backward`` needs to recompute the weights.
 
     Shapes:
-        Q: (B, h, L_q, d); K, V: (B, h_kv, L_k, d) with h % h_kv == 0 (GQA/MQA share K/V heads)
-        mask: optional additive mask broadcastable to (B, h, L_q, L_k), read block by block
+        Q: (B, h, L_q, d); K, V: (B, h_kv, L_k, d), h % h_kv == 0 (GQA/MQA share K/V)
+        mask: optional additive mask broadcastable to (B, h, L_q, L_k), read by blocks
         returns: (B, h, L_q, d_v), and the log-sum-exp (B, h, L_q) with ``return_lse``
     """
     _check_qkv(Q, K, V, causal, block_q, block_k)
@@ -117,7 +123,8 @@ def chunked_attention(Q: np.ndarray, K: np.ndarray, V: np.ndarray, causal: bool 
     mask = _grouped_mask(mask, B, h, h_kv, Lq, Lk)
     dtype = np.result_type(Q, K, V)
     scale = 1.0 / np.sqrt(d)
-    Qg = Q.reshape(B, h_kv, n_rep, Lq, d)  # (B, h, Lq, d) -> (B, h_kv, n_rep, Lq, d): groups share K/V
+    # (B, h, Lq, d) -> (B, h_kv, n_rep, Lq, d): groups share K/V
+    Qg = Q.reshape(B, h_kv, n_rep, Lq, d)
     Kg, Vg = K[:, :, None], V[:, :, None]  # (B, h_kv, L, d) -> (B, h_kv, 1, L, d)
     out = np.empty((B, h_kv, n_rep, Lq, V.shape[-1]), dtype=dtype)
     lse = np.empty((B, h_kv, n_rep, Lq, 1), dtype=dtype)
@@ -126,26 +133,34 @@ def chunked_attention(Q: np.ndarray, K: np.ndarray, V: np.ndarray, causal: bool 
         q = Qg[..., qs:qe, :] * scale  # (B, h_kv, n_rep, bq, d)
         m_i = np.full(q.shape[:-1] + (1,), -np.inf, dtype=dtype)  # running row max
         l_i = np.zeros_like(m_i)  # running softmax denominator
-        acc = np.zeros(q.shape[:-1] + (V.shape[-1],), dtype=dtype)  # running numerator @ V
-        k_stop = qe if causal else Lk  # keys past the last query of the block are all in the future
+        # running numerator @ V
+        acc = np.zeros(q.shape[:-1] + (V.shape[-1],), dtype=dtype)
+        # keys past the last query of the block are all in the future
+        k_stop = qe if causal else Lk
         for ks in range(0, k_stop, block_k):
             ke = min(ks + block_k, k_stop)
-            s = _block_scores(q, Kg[..., ks:ke, :], qs, ks, causal, mask)  # (B, h_kv, n_rep, bq, bk)
+            # (B, h_kv, n_rep, bq, bk)
+            s = _block_scores(q, Kg[..., ks:ke, :], qs, ks, causal, mask)
             m_new = np.maximum(m_i, s.max(axis=-1, keepdims=True))
-            shift = np.where(np.isneginf(m_new), 0.0, m_new)  # rows masked so far stay at zero
+            # rows masked so far stay at zero
+            shift = np.where(np.isneginf(m_new), 0.0, m_new)
             s -= shift
-            np.exp(s, out=s)  # s now holds p = exp(S - m'), in place: one block buffer
-            alpha = np.exp(m_i - shift)  # rescales what was accumulated under the old max
+            np.exp(s, out=s)  # s now holds p = exp(S - m'), in place
+            # rescales what was accumulated under the old max
+            alpha = np.exp(m_i - shift)
             l_i = alpha * l_i + s.sum(axis=-1, keepdims=True)
             acc *= alpha
             acc += s @ Vg[..., ks:ke, :]
             m_i = m_new
         if not np.all(l_i > 0):
-            raise ValueError("chunked_attention: a query row is fully masked; no key can be attended to")
+            raise ValueError("chunked_attention: a query row is fully masked; "
+                             "no key can be attended to")
         out[..., qs:qe, :] = acc / l_i
         lse[..., qs:qe, :] = m_i + np.log(l_i)
-    out = out.reshape(B, h, Lq, V.shape[-1])  # (B, h_kv, n_rep, Lq, d_v) -> (B, h, Lq, d_v)
-    return (out, lse.reshape(B, h, Lq)) if return_lse else out  # (B, h_kv, n_rep, Lq, 1) -> (B, h, Lq)
+    # (B, h_kv, n_rep, Lq, d_v) -> (B, h, Lq, d_v)
+    out = out.reshape(B, h, Lq, V.shape[-1])
+    # (B, h_kv, n_rep, Lq, 1) -> (B, h, Lq)
+    return (out, lse.reshape(B, h, Lq)) if return_lse else out
 
 
 def chunked_attention_backward(grad_O: np.ndarray, Q: np.ndarray, K: np.ndarray, V: np.ndarray,

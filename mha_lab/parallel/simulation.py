@@ -67,19 +67,24 @@ def shard_layer(layer: GroupedQueryAttention, world_size: int) -> list[Shard]:
     return shards
 
 
-def shard_forward(X: np.ndarray, shard: Shard, mask: np.ndarray | None = None) -> np.ndarray:
-    """One device's partial output: its heads' attention times its rows of W_O (no bias, no communication).
+def shard_forward(X: np.ndarray, shard: Shard,
+                  mask: np.ndarray | None = None) -> np.ndarray:
+    """One device's partial output: its heads' attention times its rows of W_O
+    (no bias, no communication).
 
-    Shapes: X: (B, L, d_model), replicated on every device -> partial: (B, L, d_model).
+    Shapes: X: (B, L, d_model), replicated on every device -> (B, L, d_model).
     """
     h_r, g_r = len(shard.q_heads), len(shard.kv_heads)
-    Q, K, V = (X @ W + (0 if b is None else b) for W, b in
-               ((shard.W_Q, shard.b_Q), (shard.W_K, shard.b_K), (shard.W_V, shard.b_V)))  # (B, L, heads*d_k)
+    pairs = ((shard.W_Q, shard.b_Q), (shard.W_K, shard.b_K), (shard.W_V, shard.b_V))
+    # (B, L, d_model) -> (B, L, heads * d_k) for each of Q, K, V
+    Q, K, V = (X @ W + (0 if b is None else b) for W, b in pairs)
     Q = split_heads(Q, h_r)  # (B, L, h_r*d_k) -> (B, h_r, L, d_k)
-    K, V = split_heads(K, g_r), split_heads(V, g_r)  # (B, L, g_r*d_k) -> (B, g_r, L, d_k)
+    # (B, L, g_r*d_k) -> (B, g_r, L, d_k)
+    K, V = split_heads(K, g_r), split_heads(V, g_r)
     K, V = repeat_kv(K, h_r // g_r), repeat_kv(V, h_r // g_r)  # -> (B, h_r, L, d_k)
     Z, _ = scaled_dot_product_attention(Q, K, V, mask)  # (B, h_r, L, d_k)
-    return merge_heads(Z) @ shard.W_O  # (B, h_r, L, d_k) -> (B, L, h_r*d_k) @ (h_r*d_k, d_model)
+    # (B, h_r, L, d_k) -> (B, L, h_r*d_k) @ (h_r*d_k, d_model)
+    return merge_heads(Z) @ shard.W_O
 
 
 def all_reduce(partials: list[np.ndarray]) -> np.ndarray:
@@ -89,14 +94,18 @@ def all_reduce(partials: list[np.ndarray]) -> np.ndarray:
     return np.sum(partials, axis=0)
 
 
-def tensor_parallel_forward(X: np.ndarray, layer: GroupedQueryAttention, world_size: int,
+def tensor_parallel_forward(X: np.ndarray, layer: GroupedQueryAttention,
+                            world_size: int,
                             mask: np.ndarray | None = None) -> np.ndarray:
-    """The layer's forward split over ``world_size`` simulated devices; equals ``layer.forward(X, mask)``.
+    """The layer's forward split over ``world_size`` simulated devices; equals
+    ``layer.forward(X, mask)``.
 
-    Shapes: X: (B, L, d_model) -> (B, L, d_model). ``mask`` is additive, broadcastable to (B, h, L, L).
+    Shapes: X: (B, L, d_model) -> (B, L, d_model). ``mask`` is additive,
+    broadcastable to (B, h, L, L).
     """
     X = layer.check_input(X)
-    out = all_reduce([shard_forward(X, s, mask) for s in shard_layer(layer, world_size)])
+    shards = shard_layer(layer, world_size)
+    out = all_reduce([shard_forward(X, s, mask) for s in shards])
     if layer.use_bias:
         out += layer.b_O  # added once, after the reduction, not on every device
     return out
