@@ -78,14 +78,15 @@ LAYOUT_REPORT_JS = r"""
   const text = clone.innerText;
   return {
     // what a reader should never see: TeX source, and the cells that only glue values or build tables
-    rawTex: ['$', '\_'].filter(t => text.includes(t)).map(t => {
+    rawTex: ['$', '\\_'].filter(t => text.includes(t)).map(t => {
       const i = text.indexOf(t); return text.slice(Math.max(0, i - 30), i + 30).replace(/\s+/g, ' ');
     }),
     plumbing: [...article.querySelectorAll('.cell_input, div.highlight, pre')]
       .map(e => e.textContent).filter(t => /\b(glue|Markdown)\(/.test(t))
       .map(t => t.split('\n').find(l => /\b(glue|Markdown)\(/.test(l)).trim().slice(0, 80)),
     // layout at this width: blocks and tables that do not fit their column
-    wideBlocks: [...article.querySelectorAll('pre')].filter(e => e.scrollWidth > e.clientWidth + 1)
+    wideBlocks: [...article.querySelectorAll('pre')]
+      .filter(e => e.getClientRects().length && e.scrollWidth > e.clientWidth + 1)  // shown, and too wide
       .map(e => `${e.scrollWidth - e.clientWidth} px too wide: ${e.textContent.split('\n')
         .reduce((a, b) => b.length > a.length ? b : a, '').trim().slice(0, 60)}`),
     wideTables: [...article.querySelectorAll('table')].filter(t => {
@@ -97,7 +98,9 @@ LAYOUT_REPORT_JS = r"""
     rawFloats: [...article.querySelectorAll('.cell_output pre, .cell_output td')].map(e => e.textContent)
       .map(t => (t.match(/-?\d+\.\d{7,}(e[-+]?\d+)?/) || [null])[0]).filter(Boolean),
     errors: [...article.querySelectorAll('.output.error, .output.traceback')].map(e => e.innerText.slice(0, 120)),
-    headings: [...article.querySelectorAll('h2')].map(e => e.innerText.replace(/#\s*$/, '').trim()),
+    // section titles without their number ("4.7. Summary" -> "Summary")
+    headings: [...article.querySelectorAll('h2')]
+      .map(e => e.innerText.replace(/#\s*$/, '').trim().replace(/^\d+(\.\d+)*\.\s*/, '')),
     uncaptioned: [...article.querySelectorAll('img')].filter(i => {
       const caption = i.closest('figure') && i.closest('figure').querySelector('figcaption');
       return !caption || !/^(Fig|Figure)\.? ?\d+\.\d+/.test(caption.innerText.trim());
