@@ -72,8 +72,9 @@ def flops_table(sizes: Iterable[tuple[int, int, int, int]], softmax_flops: int =
                      f"{proj / core:.3g}"))
     headers = ["B", "L", "d_model", "h", "projections (GFLOP)", "QK^T + AV (GFLOP)", "softmax (GFLOP)",
                "total (GFLOP)", "projections / core"]
-    if names is not None:
-        return markdown_table(["model", *headers], [(n, *r) for n, r in zip(names, rows, strict=True)])
+    if names is not None:  # one column per model, so that the table stays narrow
+        names = list(names)
+        return markdown_table(["one layer", *names], [(name, *col) for name, *col in zip(headers, *rows, strict=True)])
     return markdown_table(headers, rows)
 
 
