@@ -6,6 +6,7 @@ Markdown strings so a chapter can display or glue them.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
@@ -206,7 +207,8 @@ def _step_costs(layer: MultiHeadAttention, X: np.ndarray, G: np.ndarray, block: 
     def timed(step) -> Callable[[], object]:
         return lambda: (layer.clear_cache(), step.forward(X), step.backward(G))  # each step starts with no cache
 
-    times = interleaved_times({name: timed(step) for name, step in steps.items()}, repeat=repeat, warmup=0)
+    times = interleaved_times({name: timed(step) for name, step in steps.items()}, repeat=repeat, warmup=0,
+                              clock=time.process_time)
     layer.clear_cache()
     return [{**row, "seconds": times[row["method"]]} for row in rows]
 
@@ -218,8 +220,8 @@ def backward_costs(lengths: Sequence[int] = (512, 1024, 2048), d_model: int = 25
     ``fused``: ``layer.forward`` caches A; ``checkpointed``: keeps X and reruns the forward;
     ``chunked``: ``ChunkedLayer``, which rebuilds A tile by tile (blocks of ``block``). Per method
     and length: ``kept`` bytes between forward and backward, ``peak`` bytes in use during the
-    backward (``kept`` plus its working memory, both from tracemalloc) and ``seconds`` for
-    forward plus backward (median of ``repeat`` interleaved runs).
+    backward (``kept`` plus its working memory, both from tracemalloc) and ``seconds`` of CPU
+    time for forward plus backward (median of ``repeat`` interleaved runs; run single-threaded).
     """
     rng = np.random.default_rng(0)
     layer = MultiHeadAttention(d_model, n_heads, seed=0)
@@ -244,7 +246,8 @@ def _core_backward_costs(Q: np.ndarray, K: np.ndarray, V: np.ndarray, dO: np.nda
         "flash_attention_backward (PyTorch)": (
             lambda: flash_attention_backward(*t[:5], t[5], False, scale, block_q=block), torch_peak_memory),
     }
-    times = interleaved_times({name: fn for name, (fn, _) in calls.items()}, repeat=2, warmup=0)
+    times = interleaved_times({name: fn for name, (fn, _) in calls.items()}, repeat=2, warmup=0,
+                              clock=time.process_time)
     return [{"method": name, "L": Q.shape[2], "peak": measure(fn), "seconds": times[name]}
             for name, (fn, measure) in calls.items()]
 
@@ -256,7 +259,8 @@ def kernel_backward_costs(lengths: Sequence[int] = (512, 1024, 2048), n_heads: i
     Compares NumPy's ``chunked_attention_backward`` (tiles of ``block`` x ``block``) with the
     PyTorch backward of the Triton kernel, ``flash_attention_backward``, which rebuilds P one
     block of ``block`` query rows against all L keys. Inputs and saved tensors exist before
-    the measurement; only the backward's own allocations count.
+    the measurement; only the backward's own allocations count. Times are CPU seconds (run
+    single-threaded).
     """
     rng = np.random.default_rng(0)
     rows = []
