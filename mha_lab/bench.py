@@ -371,7 +371,9 @@ def run_suite(quick: bool = False, sections: tuple[str, ...] = SECTIONS, progres
     the full grid (L in {256, 1024, 4096}, h in {1, 8, 16}; 5 repeats, 1 at L=4096) takes about
     ten minutes on 2 cores. Implementations that hold a (B, h, L, L) tensor larger than
     ``MAX_SCORE_BYTES`` are left out of that shape (L=4096, h=16: 4 GiB).
-    ``grid`` overrides entries of the grid (the tests use a tiny one).
+    ``grid`` overrides entries of the grid (the tests use a tiny one). The ``tp`` section starts
+    ``max(tp_ranks)`` processes and times a training step of the tensor-parallel layer on each
+    rank count (``mha_lab.parallel.scaling``); an empty ``tp_ranks`` leaves it out.
 
     ``threads`` pins both NumPy's BLAS and torch. The default, one thread, compares the
     algorithms like for like (NumPy's element-wise ufuncs such as ``exp`` run on one thread

@@ -178,3 +178,15 @@ def test_bench_reports_the_tensor_parallel_rows(ranks, monkeypatch):
     text = bench.BenchResults(rows=rows).to_markdown()
     assert "### Tensor parallelism on CPU ranks" in text
     assert "| 4 | " in text and "all-reduce share" in text
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--world-size", "3"], "num_heads=8 is not divisible by world_size=3"),
+    (["--d-model", "60"], "d_model=60 is not divisible by num_heads=8"),
+    (["--heads", "8", "--kv-heads", "3"], "num_heads=8 is not divisible by num_kv_heads=3"),
+])
+def test_cli_refuses_a_bad_layer_before_starting_any_rank(argv, message, monkeypatch, capsys):
+    monkeypatch.setattr(tp_check, "spawn", lambda *a, **kw: pytest.fail("ranks were started"))
+    with pytest.raises(SystemExit) as exit_:
+        tp_check.main(argv)
+    assert exit_.value.code == 2 and message in capsys.readouterr().err

@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from mha_lab.cuda.attention import MultiHeadAttention
 from mha_lab.parallel.cost import allreduce_bytes, kv_grad_allreduce_bytes
-from mha_lab.parallel.heads import head_columns, rank_heads
+from mha_lab.parallel.heads import check_split, head_columns, rank_heads
 from mha_lab.parallel.launch import DEVICES, init_from_env, spawn, under_torchrun
 from mha_lab.parallel.layer import TensorParallelAttention
 from mha_lab.testing import tolerances
@@ -139,7 +139,7 @@ def format_report(r: dict) -> str:
     c = r["case"]
     kv = c["kv_heads"] or c["heads"]
     kind = "MHA" if kv == c["heads"] else "MQA" if kv == 1 else "GQA"
-    how = f"{kind}, K/V heads {'split' if r['kv_split'] else 'replicated'}"
+    how = kind if kind == "MHA" else f"{kind}, K/V heads {'split' if r['kv_split'] else 'replicated'}"
     lines = [f"tensor-parallel attention on {r['world_size']} ranks ({r['backend']}, {r['device']}, {c['dtype']}): "
              f"B={c['batch']}, L={c['seq_len']}, d_model={c['d_model']}, {c['heads']} heads, {kv} K/V heads ({how})"
              f"{', causal' if c['causal'] else ''}{', bias' if c['bias'] else ''}",
@@ -183,6 +183,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--world-size {args.world_size} but torchrun started {os.environ['WORLD_SIZE']} ranks")
     case = Case(args.batch, args.seq_len, args.d_model, args.heads, args.kv_heads, args.causal,
                 not args.no_bias, args.dtype, args.seed)
+    try:  # refuse a bad layer or split here, before any rank starts
+        MultiHeadAttention(case.d_model, case.heads, case.kv_heads)
+        check_split(case.heads, case.kv_heads or case.heads,
+                    int(os.environ["WORLD_SIZE"]) if torchrun else args.world_size)
+    except ValueError as err:
+        parser.error(str(err))
     if torchrun:
         report = check_worker(init_from_env(args.device, args.timeout), [case])[0]
         dist.destroy_process_group()

@@ -103,8 +103,14 @@ def spawn(fn: Callable, world_size: int, args: tuple = (), timeout: float = 120.
     try:
         while len(values) < world_size:
             try:
-                rank, ok, value = results.get(timeout=max(0.0, deadline - time.monotonic()))
+                rank, ok, value = results.get(timeout=min(1.0, max(0.0, deadline - time.monotonic())))
             except queue.Empty:
+                dead = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
+                if dead:  # a rank that died before it could report (killed, crashed at start-up)
+                    raise RuntimeError(f"rank {dead[0][0]} of {world_size} exited with code {dead[0][1]} "
+                                       "without a result") from None
+                if time.monotonic() < deadline:
+                    continue
                 missing = sorted(set(range(world_size)) - set(values))
                 raise TimeoutError(f"ranks {missing} of {world_size} did not finish within {timeout:.0f} s") from None
             if not ok:
