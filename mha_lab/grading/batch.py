@@ -1,10 +1,9 @@
 """Grade one submission (``grade_submission``), or a class on Dask ``distributed`` (``grade_class``).
 
-One submission: its notebooks are merged with the release, run in a sandbox by the worker, and
-every tests cell is judged here by its hidden checks calling into that sandbox. A class: the same
-function mapped over the students on a ``LocalCluster`` (or any cluster, by scheduler address); a
-task whose Dask worker dies is tried once more, then recorded with its reason. The gradebook, the
-autograded notebooks and the feedback are written by this process after every sandbox is gone.
+One submission: its notebooks are merged with the release and run in a sandbox by the worker; every
+tests cell is judged here by its hidden checks, calling into that sandbox. A class: the same function
+mapped over the students on a ``LocalCluster`` or any cluster; a task whose Dask worker dies is tried
+once more. The gradebook, autograded notebooks and feedback are written here, after the sandboxes.
 """
 
 from __future__ import annotations
@@ -100,7 +99,7 @@ def grade_submission(folder: Path, assignment: Assignment, limits: Limits = DEFA
                 for cell, outputs in zip(code, reply.get("outputs", []), strict=False):
                     cell.outputs = [_output(o) for o in outputs if isinstance(o, dict)]
                 names = [n for n in reply.get("names", []) if isinstance(n, str)]
-            except AssertionError as exc:
+            except Exception as exc:  # noqa: BLE001 - the worker stopped, or answered in a shape it should not
                 result.error, names = str(exc), []
             t1 = time.time()
             student = RemoteSubmission(worker, names, allowed, sources)
@@ -125,9 +124,8 @@ def grade_submission(folder: Path, assignment: Assignment, limits: Limits = DEFA
 def _output(o: dict) -> nbformat.NotebookNode:
     """An output the sandbox sent, rebuilt from its strings only (and cut to a readable size)."""
     if o.get("output_type") == "error":
-        text = f"{str(o.get('ename'))[:100]}: {str(o.get('evalue'))[:2000]}"
-        return nbformat.v4.new_output("error", ename=str(o.get("ename"))[:100], evalue=str(o.get("evalue"))[:2000],
-                                      traceback=[text])
+        ename, evalue = str(o.get("ename"))[:100], str(o.get("evalue"))[:2000]
+        return nbformat.v4.new_output("error", ename=ename, evalue=evalue, traceback=[f"{ename}: {evalue}"])
     return nbformat.v4.new_output("stream", name="stdout", text=str(o.get("text", ""))[:20_000])
 
 

@@ -31,19 +31,13 @@ __all__ = ["Submission", "call", "call_with_peak", "call_replacing", "invoke", "
 # The public names of mha_lab (and of torch) that compute attention or its pieces for you.
 # An assignment allows a few of them (``ALLOWED_HELPERS`` in its hidden module).
 REFERENCE_MODULES = ("mha_lab.cpu", "mha_lab.analysis", "mha_lab.cuda", "mha_lab.gradcheck")
-TORCH_REFERENCES = {
-    "torch.nn.functional": ("scaled_dot_product_attention", "multi_head_attention_forward"),
-    "torch.nn": ("MultiheadAttention",),
-}
+TORCH_REFERENCES = {"torch.nn.functional": ("scaled_dot_product_attention", "multi_head_attention_forward"),
+                    "torch.nn": ("MultiheadAttention",)}
 
 
 class Submission(dict):
-    """The student's namespace, the mha_lab names this assignment allows, and the student's cells.
-
-    ``allowed`` lists public mha_lab names the student may call (e.g. ``create_causal_mask``);
-    everything else in ``REFERENCE_MODULES`` counts as taking the answer from the package.
-    ``cells`` is the source ``forbid_reference`` reads.
-    """
+    """The student's namespace, the mha_lab names the assignment allows (``create_causal_mask``...:
+    the rest of ``REFERENCE_MODULES`` is the answer), and the notebook's cells ``forbid_reference`` reads."""
 
     def __init__(self, namespace: Mapping[str, Any], allowed: Iterable[str] = (), cells: Sequence[str] = ()) -> None:
         super().__init__(namespace)
@@ -122,9 +116,11 @@ def run(namespace: Mapping[str, Any], name: str, args: tuple, kwargs: dict, *, m
         module, _, func = replace[attr].rpartition(".")
         scope[attr] = getattr(importlib.import_module(module), func)
     try:
-        if measure:
-            return _measure(lambda: _run(name, fn, args, kwargs))
-        return _run(name, fn, args, kwargs), None
+        if not measure:
+            return _run(name, fn, args, kwargs), None
+        box = []
+        peak = peak_memory(lambda: box.append(_run(name, fn, args, kwargs)))
+        return box[0], peak
     finally:
         scope.update(saved)
 
@@ -268,16 +264,9 @@ def expect_true(condition: bool, *, what: str, hint: str) -> None:
 # --- memory ----------------------------------------------------------------------------------------
 
 
-def _measure(thunk: Callable[[], Any]) -> tuple[Any, int]:
-    """``thunk()`` and the peak bytes it allocated (``mha_lab.measure.peak_memory``)."""
-    box = []
-    peak = peak_memory(lambda: box.append(thunk()))
-    return box[0], peak
-
-
 def peak_bytes(fn: Callable, *args: Any, **kwargs: Any) -> int:
     """Peak bytes allocated while ``fn(*args, **kwargs)`` runs (tracemalloc sees NumPy buffers)."""
-    return _measure(lambda: fn(*args, **kwargs))[1]
+    return peak_memory(lambda: fn(*args, **kwargs))
 
 
 def expect_within_budget(peak: int, budget: int, *, what: str, hint: str) -> None:

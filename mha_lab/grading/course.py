@@ -61,8 +61,8 @@ def register(course: Path, assignment: str) -> dict[str, nbformat.NotebookNode]:
                         f"--CourseDirectory.db_url=sqlite:///{course / 'gradebook.db'}", timeout=300)
         if proc.returncode != 0:
             raise RuntimeError(f"nbgrader generate_assignment {assignment} failed:\n{proc.stderr[-2000:]}")
-        return {p.name: nbformat.read(p, as_version=4) for p in sorted((Path(tmp) / "assignments" / assignment)
-                                                                        .glob("*.ipynb"))}
+        releases = sorted((Path(tmp) / "assignments" / assignment).glob("*.ipynb"))
+        return {p.name: nbformat.read(p, as_version=4) for p in releases}
 
 
 def submitted_notebook(folder: Path, name: str) -> nbformat.NotebookNode:
@@ -89,25 +89,23 @@ def _grade_id(cell: nbformat.NotebookNode) -> str:
 
 
 def merge(release: nbformat.NotebookNode, submitted: nbformat.NotebookNode) -> nbformat.NotebookNode:
-    """The notebook to run: the release's cells in its order, answer cells as the student wrote them,
-    read-only cells (given code, tests) as released, and the student's extra cells where they put them."""
+    """The notebook to run: the release's graded and locked cells in its order, answer cells as the
+    student wrote them, the rest (given code, tests) as released; the student's other cells where they are."""
     known = {_grade_id(c): c for c in release.cells if _grade_id(c)}
     answers, extra, before = {}, [], {}
     for cell in submitted.cells:
         gid = _grade_id(cell)
-        if gid in known and gid not in answers and gid not in before:
+        if gid in known and gid not in before:
             answers[gid], before[gid], extra = cell.source, extra, []
-        elif cell.cell_type == "code":
-            extra.append(nbformat.v4.new_code_cell(cell.source))
+        elif cell.cell_type in ("code", "markdown"):  # the student's own, or unlocked cells of the release
+            extra.append(getattr(nbformat.v4, f"new_{cell.cell_type}_cell")(cell.source))
     merged = nbformat.v4.new_notebook(metadata=release.metadata)
-    for cell in release.cells:
+    for cell in (c for c in release.cells if _grade_id(c)):
         gid = _grade_id(cell)
         merged.cells += before.get(gid, [])
-        new = nbformat.from_dict(cell)
         meta = cell.metadata.get("nbgrader", {})
-        if gid in answers and meta.get("solution") and not meta.get("locked"):
-            new.source = answers[gid]
-        merged.cells.append(new)
+        answered = gid in answers and meta.get("solution") and not meta.get("locked")
+        merged.cells.append(nbformat.from_dict({**cell, "source": answers[gid]} if answered else cell))
     merged.cells += extra
     return merged
 

@@ -44,8 +44,7 @@ def load(path: Path) -> ModuleType:
 
 def group(module: ModuleType, name: str) -> list[tuple[str, Callable]]:
     """The check functions of one tests cell: ``test_<name>`` and ``test_<name>__<case>``."""
-    return [(k, v) for k, v in vars(module).items() if callable(v) and (k == f"test_{name}" or k.startswith(
-        f"test_{name}__"))]
+    return [(k, v) for k, v in vars(module).items() if callable(v) and k.partition("__")[0] == f"test_{name}"]
 
 
 def run_group(module: ModuleType, name: str, student: Mapping[str, Any]) -> list[tuple[str, str]]:

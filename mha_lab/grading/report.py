@@ -15,7 +15,6 @@ from mha_lab.grading.batch import StudentResult
 __all__ = ["FIELDS", "summary_table", "write_csv"]
 
 FIELDS = ["student", "score", "max_score", "error", "failed", "queue_s", "run_s", "judge_s"]
-NOT_SUBMITTED = "not submitted"
 
 
 def _failures(r: StudentResult) -> str:
@@ -46,7 +45,7 @@ def write_csv(results: Sequence[StudentResult], path: Path, everyone: Iterable[s
         with open(path, newline="") as f:
             rows = {row["student"]: row for row in csv.DictReader(f)}
     for s in everyone:
-        rows.setdefault(s, {"student": s, "error": NOT_SUBMITTED})
+        rows.setdefault(s, {"student": s, "error": "not submitted"})
     for r in results:
         rows[r.student] = {"student": r.student, "score": r.score, "max_score": r.max_score, "error": r.error,
                            "failed": _failures(r), **{f"{k}_s": f"{v:.2f}" for k, v in r.timings.items()}}

@@ -138,8 +138,8 @@ def enter(limits_processes: int) -> None:
     uid = os.environ.pop("MHA_LAB_SANDBOX_UID", "")
     if uid and os.getuid() == 0:
         os.setgroups([])
-        os.setresgid(int(uid), int(uid), int(uid))
-        os.setresuid(int(uid), int(uid), int(uid))
+        os.setresgid(*[int(uid)] * 3)
+        os.setresuid(*[int(uid)] * 3)
     if uid:
         resource.setrlimit(resource.RLIMIT_NPROC, (limits_processes, limits_processes))
         for entry in Path("/submission").iterdir():  # a copy the code may change; links stay links

@@ -19,7 +19,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Sequence
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any
@@ -207,9 +207,10 @@ class Worker:
                         if len(answer) > self.limits.output:
                             return self._stop(f"the submission answered more than {self.limits.output} bytes")
         try:
-            return json.loads(answer)
+            reply = json.loads(answer)
         except ValueError:
-            return self._stop("the submission's worker answered garbage")
+            reply = None
+        return reply if isinstance(reply, dict) else self._stop("the submission's worker answered garbage")
 
     def _exit_reason(self) -> str:
         code = self.proc.wait()
@@ -221,11 +222,8 @@ class Worker:
         raise AssertionError(reason)
 
     def close(self) -> None:
-        """Kill the sandbox: its pid namespace takes every process of the submission with it.
-
-        The namespace's first process (bwrap's child) is killed, so that bwrap itself returns
-        only once the kernel has ended every process of the namespace.
-        """
+        """Kill the sandbox's first process (bwrap's child): bwrap returns once the kernel has ended every
+        process of its pid namespace, so no process of the submission outlives this call."""
         pid = self.proc.pid
         try:
             inner = [] if self.unsafe else Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
@@ -245,12 +243,13 @@ class Worker:
         shutil.rmtree(self.copy, ignore_errors=True)
 
 
-class RemoteSubmission(Mapping):
-    """The ``student`` of the hidden checks: calls run in the sandbox, results are judged here."""
+class RemoteSubmission(dict):
+    """The ``student`` of the hidden checks: the names the notebook defined (placeholders: the objects stay
+    in the sandbox), its cells for ``forbid_reference``; calls run in the sandbox, results are judged here."""
 
     def __init__(self, worker: Worker, names: Sequence[str], allowed: Sequence[str], cells: Sequence[str]) -> None:
-        self.worker, self.names = worker, tuple(names)
-        self.allowed, self.cells = frozenset(allowed), tuple(cells)
+        super().__init__({n: f"<{n} in the submission's sandbox>" for n in names})
+        self.worker, self.allowed, self.cells = worker, frozenset(allowed), tuple(cells)
 
     def remote_call(self, name: str, args: tuple, kwargs: dict, *, measure: bool,
                     replace: dict[str, str]) -> tuple[Any, int | None]:
@@ -260,17 +259,6 @@ class RemoteSubmission(Mapping):
             raise AssertionError(str(reply.get("message", "the call failed")))
         peak = reply.get("peak")
         return decode(reply.get("result")), peak if isinstance(peak, int) else None
-
-    def __getitem__(self, key: str) -> Any:
-        if key not in self.names:
-            raise KeyError(key)
-        return f"<{key} in the submission's sandbox>"
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.names)
-
-    def __len__(self) -> int:
-        return len(self.names)
 
 
 if __name__ == "__main__":
