@@ -1,13 +1,15 @@
-"""Deliberately broken solutions: each mutant is one realistic bug in one answer cell.
+"""Deliberately broken solutions, and correct ones written differently.
 
-``tests/mutants/<assignment>.py`` defines ``MUTANTS: list[Mutant]``. The grading pipeline test
-applies each to the solution notebook and checks that exactly the ``breaks`` tests cells lose
-their points and that the feedback names the bug.
+``tests/mutants/<assignment>.py`` defines ``MUTANTS: list[Mutant]`` and ``VARIANTS: list[Variant]``.
+The grading pipeline test applies each mutant to the solution notebook and checks that exactly
+the ``breaks`` tests cells lose their points and that the feedback names the bug; each variant
+must get full marks, since a correct answer that loses points is as wrong as a bug that keeps them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -39,3 +41,18 @@ class Mutant:
         if count != 1:
             raise ValueError(f"mutant {self.name}: {self.old!r} occurs {count} times in cell {self.grade_id}")
         return source.replace(self.old, self.new)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A correct solution written another way: ``answers`` maps answer-cell grade_ids to their whole source.
+
+    Answer cells not named keep the reference solution's source.
+    """
+
+    name: str
+    answers: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.answers:
+            raise ValueError(f"variant {self.name}: answers must replace at least one answer cell")
