@@ -3,12 +3,14 @@
 For each assignment in ``solutions/``: the reference solution (two students) must get full
 marks, the untouched release 0, and each mutant in ``tests/mutants/<assignment>.py`` must lose
 exactly the points of the tests cells it breaks, keep the rest, and get feedback naming its bug.
-No feedback page may show a line of the hidden checks.
+Each correct variant in the same module (``VARIANTS``) is graded in the same batch and must get
+full marks. No feedback page may show a line of the hidden checks.
 """
 
 from __future__ import annotations
 
 import html
+import importlib
 import re
 import shutil
 from pathlib import Path
@@ -25,11 +27,23 @@ REFERENCE_STUDENTS = ("reference-1", "reference-2")
 RELEASE_STUDENT = "release"
 
 
+def variants(assignment: str) -> list:
+    """The correct solutions written differently, ``VARIANTS`` next to ``MUTANTS`` (empty when there is none)."""
+    if not mutants(assignment):  # also puts this clone's ``tests`` package on the path
+        return []
+    return getattr(importlib.import_module(f"tests.mutants.{assignment}"), "VARIANTS", [])
+
+
 def mutant_student(index: int) -> str:
     return f"mutant-{index:02d}"
 
 
+def variant_student(index: int) -> str:
+    return f"variant-{index:02d}"
+
+
 CASES = [(a, i, m) for a in ASSIGNMENTS for i, m in enumerate(mutants(a))]
+VARIANT_CASES = [(a, i, v) for a in ASSIGNMENTS for i, v in enumerate(variants(a))]
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +63,8 @@ def graded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, batc
             for i, m in enumerate(mutants(a)):
                 edit = {m.grade_id: m.apply(answer_cell(solution, m.grade_id))}
                 submit(course, mutant_student(i), a, fill_release(release, solution, edit))
+            for i, v in enumerate(variants(a)):
+                submit(course, variant_student(i), a, fill_release(release, solution, dict(v.answers)))
             results[a] = {r.student: r for r in batch.grade_class(course, a, client=client, progress=False)}
     results["_course"] = course
     return results
@@ -100,6 +116,22 @@ def test_mutant_loses_exactly_its_points(graded, assignment, index, mutant):
     assert all(cells[g].score == 0 for g in mutant.breaks), f"partial points for a broken property: {r.cells}"
     text = feedback_text(graded["_course"], mutant_student(index), assignment)
     assert mutant.feedback in text, f"mutant {mutant.name!r}: feedback does not say {mutant.feedback!r}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("assignment", ASSIGNMENTS)
+def test_each_assignment_has_three_correct_variants(assignment):
+    found = variants(assignment)
+    assert len(found) >= 3, f"{assignment} has {len(found)} correct variants in tests/mutants/{assignment}.py; 3 needed"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("assignment", "index", "variant"), VARIANT_CASES,
+                         ids=[f"{a}-{v.name}" for a, _, v in VARIANT_CASES])
+def test_correct_variant_gets_full_marks(graded, assignment, index, variant):
+    r = graded[assignment][variant_student(index)]
+    assert r.cells, f"variant {variant.name!r} was not graded: {r.error}"
+    assert r.score == r.max_score, f"correct variant {variant.name!r} lost points:\n{batch.summary_table([r])}"
 
 
 def hidden_lines() -> set[str]:
