@@ -1,13 +1,24 @@
-"""Hidden checks of ps2_mqa: multi-query attention, grouped-query attention, the KV cache size.
+"""Hidden checks of ps2_mqa: multi-query attention, grouped-query attention, the KV cache size,
+decoding one token against the KV cache.
 
 Each check: (1) make seeded inputs on shapes the notebook's visible tests do not use,
 (2) call the student's function, (3) judge it against mha_lab's reference.
 """
 
+import copy
+
 import numpy as np
 
 from mha_lab.analysis import MODEL_CONFIGS, kv_cache_bytes
-from mha_lab.cpu import GroupedQueryAttention, MultiHeadAttention, create_causal_mask
+from mha_lab.cpu import (
+    GroupedQueryAttention,
+    MultiHeadAttention,
+    create_causal_mask,
+    merge_heads,
+    repeat_kv,
+    scaled_dot_product_attention,
+    split_heads,
+)
 from mha_lab.grading import checks
 
 # mha_lab names a student function may use: helpers and model data, not answers
@@ -19,6 +30,16 @@ MASK_HINT = ("the additive mask is 0 where attention is allowed and -inf where i
              "scores. Is the mask inverted?")
 GROUP_HINT = ("key/value head j serves query heads j*n_rep ... (j+1)*n_rep - 1: repeat each head in place "
               "(np.repeat on the head axis, torch's repeat_interleave), not the whole stack (np.tile)")
+
+
+def _scale_hint(out, layer, X, mask, other: str) -> str:
+    """SCALE_HINT when ``out`` is what dividing the scores by sqrt(d_model) gives, else ``other``."""
+    wrong = copy.copy(layer)
+    wrong.W_Q = layer.W_Q * np.sqrt(layer.d_k / layer.d_model)
+    candidate = wrong.forward(X, mask=mask)
+    if np.shape(out) == candidate.shape and np.allclose(out, candidate, rtol=1e-8, atol=1e-10):
+        return SCALE_HINT
+    return other
 
 
 def _gqa_inputs(salt: int, B: int, L: int, d_model: int, h: int, g: int):
@@ -46,7 +67,7 @@ def test_mqa_forward_values(student):
 
     checks.expect_array(out, what="mqa_forward output", shape=expected.shape)
     checks.expect_close(out, expected, what="mqa_forward output vs the reference MQA layer",
-                        hint=f"{SCALE_HINT}; {LAYOUT_HINT}")
+                        hint=_scale_hint(out, layer, X, None, LAYOUT_HINT))
 
 
 def test_mqa_forward_mask(student):
@@ -58,7 +79,7 @@ def test_mqa_forward_mask(student):
 
     checks.expect_array(out, what="mqa_forward output with a causal mask", shape=expected.shape, hint=MASK_HINT)
     checks.expect_close(out, expected, what="mqa_forward with a causal mask vs the reference",
-                        hint=f"{MASK_HINT} Also: {SCALE_HINT}")
+                        hint=_scale_hint(out, layer, X, causal, MASK_HINT))
 
 
 # --- task 2: gqa_forward ------------------------------------------------------------------------
@@ -72,7 +93,7 @@ def test_gqa_forward_values(student):
 
     checks.expect_array(out, what="gqa_forward output (h=6, num_kv_heads=2)", shape=expected.shape)
     checks.expect_close(out, expected, what="gqa_forward (h=6, num_kv_heads=2) vs the reference GQA layer",
-                        hint=f"{GROUP_HINT}. Or: {LAYOUT_HINT}")
+                        hint=_scale_hint(out, layer, X, None, f"{GROUP_HINT}. Or: {LAYOUT_HINT}"))
 
 
 def test_gqa_forward_values__causal(student):
@@ -84,7 +105,7 @@ def test_gqa_forward_values__causal(student):
 
     checks.expect_array(out, what="gqa_forward output with a causal mask", shape=expected.shape, hint=MASK_HINT)
     checks.expect_close(out, expected, what="gqa_forward (h=4, num_kv_heads=2, causal) vs the reference",
-                        hint=f"{GROUP_HINT}. Or: {MASK_HINT}")
+                        hint=_scale_hint(out, layer, X, causal, f"{GROUP_HINT}. Or: {MASK_HINT}"))
 
 
 def test_gqa_forward_limits(student):
@@ -96,7 +117,7 @@ def test_gqa_forward_limits(student):
 
     checks.expect_array(out, what="gqa_forward with num_kv_heads = num_heads", shape=expected.shape)
     checks.expect_close(out, expected, what="gqa_forward with num_kv_heads = num_heads must equal MHA",
-                        hint=LAYOUT_HINT)
+                        hint=_scale_hint(out, mha, X, None, LAYOUT_HINT))
 
 
 def test_gqa_forward_limits__mqa(student):
@@ -106,7 +127,8 @@ def test_gqa_forward_limits__mqa(student):
     out = checks.call(student, "gqa_forward", *args, 1)
 
     checks.expect_array(out, what="gqa_forward with num_kv_heads = 1", shape=expected.shape)
-    checks.expect_close(out, expected, what="gqa_forward with num_kv_heads = 1 must equal MQA", hint=LAYOUT_HINT)
+    checks.expect_close(out, expected, what="gqa_forward with num_kv_heads = 1 must equal MQA",
+                        hint=_scale_hint(out, layer, X, None, LAYOUT_HINT))
 
 
 # --- task 3: kv_cache_bytes ---------------------------------------------------------------------
@@ -131,3 +153,169 @@ def test_kv_cache_bytes_values(student):
         hint = ("keys AND values are cached: did you forget the factor of 2?" if ratio == 0.5 else
                 "bytes = 2 (K and V) x n_layers x n_kv_heads x head_dim x seq_len x batch_size x bytes_per_element")
         checks.expect_true(got == expected, what=f"{what}: expected {expected:,} bytes, got {int(got):,}", hint=hint)
+
+
+# --- task 4: decode_step ------------------------------------------------------------------------
+# The reference is the causal forward of the whole sequence: prefill + token by token must equal it.
+
+CACHE_HEADS_HINT = ("the cache holds the g = num_kv_heads key/value heads, not the h repeated ones (that is what "
+                    "makes the GQA cache h/g times smaller): append the new token's g heads, and repeat them for "
+                    "the query heads only inside the attention")
+CACHE_V_HINT = "the value cache got the new token's key: append v = x @ W_V (split into g heads) to cache_v"
+POSITION_HINT = ("the new token is the LAST row of the causal mask (position T): it sees every cached token and "
+                 "itself, so nothing of the cache is masked")
+SELF_HINT = ("the new token must see itself: append its key and value to the cache first, then attend over all "
+             "T + 1 of them")
+
+
+def _decode_problem(salt: int, B: int, L: int, d_model: int, h: int, g: int):
+    layer = GroupedQueryAttention(d_model, h, g, seed=salt)
+    X = np.random.default_rng(40_000 + salt).normal(size=(B, L, d_model))
+    expected = layer.forward(X, mask=create_causal_mask(L))  # (B, L, d_model)
+    return layer, X, expected
+
+
+def _kv(layer, X) -> tuple[np.ndarray, np.ndarray]:
+    """Keys and values of the tokens X, as the cache holds them: (B, g, T, d_k) each."""
+    g = layer.num_kv_heads
+    return split_heads(X @ layer.W_K, g), split_heads(X @ layer.W_V, g)
+
+
+def _attend(layer, x, K, V) -> np.ndarray:
+    """The output of the one token x (B, 1, d_model) attending over K, V (B, g, S, d_k), unmasked."""
+    q = split_heads(x @ layer.W_Q, layer.num_heads)  # (B, h, 1, d_k)
+    Z, _ = scaled_dot_product_attention(q, repeat_kv(K, layer.n_rep), repeat_kv(V, layer.n_rep))
+    return merge_heads(Z) @ layer.W_O  # (B, h, 1, d_k) -> (B, 1, d_model)
+
+
+def _weights(layer, h: int, g: int) -> tuple:
+    return layer.W_Q, layer.W_K, layer.W_V, layer.W_O, h, g
+
+
+def _call_decode(student, x, cache_k, cache_v, layer, h, g, what):
+    result = checks.call(student, "decode_step", x, cache_k, cache_v, *_weights(layer, h, g))
+    checks.expect_true(isinstance(result, tuple) and len(result) == 3,
+                       what=f"{what}: decode_step should return (out, cache_k, cache_v), got {type(result).__name__}",
+                       hint="return out, cache_k, cache_v")
+    return result
+
+
+def _expect_cache_shape(cache, shape: tuple[int, ...], h: int, what: str) -> None:
+    """(B, g, T + 1, d_k), with the hint that names caching the h repeated heads."""
+    got = np.shape(cache)
+    g = shape[1]
+    hint = (CACHE_HEADS_HINT if len(got) == 4 and got[1] == h != g else
+            "append the new token's (B, g, 1, d_k) key and value along the position axis (axis 2)")
+    checks.expect_true(got == shape, what=f"{what}: expected shape (B, g, T + 1, d_k) = {shape}, got {got}", hint=hint)
+
+
+def _check_cache(student, salt, B, T, d_model, h, g):
+    # 1. inputs: a cache of the first T tokens, then token T
+    layer, X, _ = _decode_problem(salt, B, T + 1, d_model, h, g)
+    d_k = d_model // h
+    cache_k, cache_v = _kv(layer, X[:, :T])
+    new_k, new_v = _kv(layer, X[:, T:T + 1])  # (B, g, 1, d_k)
+    # 2. call
+    what = f"decode_step's caches (B={B}, T={T} cached, h={h}, g={g})"
+    _, got_k, got_v = _call_decode(student, X[:, T:T + 1], cache_k, cache_v, layer, h, g, what)
+    # 3. judge
+    for name, got in (("cache_k", got_k), ("cache_v", got_v)):
+        _expect_cache_shape(got, (B, g, T + 1, d_k), h, f"{what}: {name}")
+        checks.expect_array(got, what=f"{what}: {name}", shape=(B, g, T + 1, d_k))
+    checks.expect_close(got_k[:, :, :T], cache_k, what=f"{what}: the cached keys must stay as they were",
+                        hint="append the new key at the end (position T), do not change or reorder the cache")
+    checks.expect_close(got_k[:, :, T:], new_k, what=f"{what}: the key appended at position T",
+                        hint="k = x @ W_K split into g heads: (B, 1, g*d_k) -> (B, g, 1, d_k), at the END of the cache")
+    checks.expect_close(got_v[:, :, :T], cache_v, what=f"{what}: the cached values must stay as they were",
+                        hint="append the new value at the end (position T), do not change or reorder the cache")
+    v_hint = CACHE_V_HINT if np.allclose(got_v[:, :, T:], new_k) else (
+        "v = x @ W_V split into g heads: (B, 1, g*d_k) -> (B, g, 1, d_k), at the END of the cache")
+    checks.expect_close(got_v[:, :, T:], new_v, what=f"{what}: the value appended at position T", hint=v_hint)
+
+
+def test_decode_step_cache(student):
+    _check_cache(student, 1, B=2, T=6, d_model=24, h=6, g=2)
+
+
+def test_decode_step_cache__empty_mqa(student):
+    _check_cache(student, 2, B=3, T=0, d_model=12, h=4, g=1)
+
+
+def _decode_hint(layer, X, T, out, cache_k, cache_v) -> str:
+    """Name the bug by the wrong answer it gives, for the new token at position T."""
+    x = X[:, T:T + 1]
+    new_k, new_v = _kv(layer, x)
+    K, V = np.concatenate([cache_k, new_k], axis=2), np.concatenate([cache_v, new_v], axis=2)
+
+    def same(candidate):
+        return candidate.shape == np.shape(out) and bool(np.allclose(out, candidate, rtol=1e-8, atol=1e-10))
+
+    if T > 0 and same(_attend(layer, x, cache_k, cache_v)):
+        return SELF_HINT
+    if T > 0 and same(_attend(layer, x, K[:, :, :1], V[:, :, :1])):
+        return POSITION_HINT + " (your new token saw only token 0: the FIRST row of the mask)"
+    if same(_attend(layer, x, K, np.concatenate([cache_v, new_k], axis=2))):
+        return CACHE_V_HINT
+    return (f"{POSITION_HINT}. Also: q, k, v = x @ W split into h, g, g heads; repeat each cached key/value head "
+            f"h/g times in place (np.repeat on axis 1); scale by 1/sqrt(d_k)")
+
+
+def _check_values(student, salt, B, T, d_model, h, g):
+    # 1. inputs: the exact cache of the first T tokens (computed here), then token T
+    layer, X, expected = _decode_problem(salt, B, T + 1, d_model, h, g)
+    cache_k, cache_v = _kv(layer, X[:, :T])
+    # 2. call
+    what = f"decode_step's output for token {T} (B={B}, h={h}, g={g}) vs the causal forward of the sequence"
+    out, _, _ = _call_decode(student, X[:, T:T + 1], cache_k, cache_v, layer, h, g, what)
+    # 3. judge
+    checks.expect_array(out, what=what, shape=(B, 1, d_model))
+    checks.expect_close(out, expected[:, T:T + 1], what=what, hint=_decode_hint(layer, X, T, out, cache_k, cache_v))
+
+
+def test_decode_step_values(student):
+    _check_values(student, 3, B=2, T=7, d_model=24, h=6, g=3)
+
+
+def test_decode_step_values__first_token(student):
+    _check_values(student, 4, B=1, T=0, d_model=12, h=4, g=2)
+
+
+def test_decode_step_values__mqa(student):
+    _check_values(student, 5, B=3, T=4, d_model=10, h=5, g=1)
+
+
+def _check_sequence(student, salt, B, prompt, L, d_model, h, g):
+    # 1. inputs: the prompt's cache (prefill), then the rest of the sequence decoded token by token
+    layer, X, expected = _decode_problem(salt, B, L, d_model, h, g)
+    cache_k, cache_v = _kv(layer, X[:, :prompt])
+    # 2. call: the student's caches are carried from step to step
+    layout = "MHA" if g == h else "MQA" if g == 1 else "GQA"
+    what = f"prefill {prompt} tokens, then decode tokens {prompt}..{L - 1} ({layout}: h={h}, g={g}, B={B})"
+    outs = []
+    for t in range(prompt, L):
+        out, cache_k, cache_v = _call_decode(student, X[:, t:t + 1], cache_k, cache_v, layer, h, g, what)
+        checks.expect_array(out, what=f"{what}: output of token {t}", shape=(B, 1, d_model))
+        for name, cache in (("cache_k", cache_k), ("cache_v", cache_v)):  # what the next step receives
+            _expect_cache_shape(cache, (B, g, t + 1, d_model // h), h, f"{what}: {name} after token {t}")
+        outs.append(out)
+    # 3. judge
+    got = np.concatenate(outs, axis=1)  # (B, L - prompt, d_model)
+    checks.expect_close(got, expected[:, prompt:], what=f"{what} vs the causal forward of the whole sequence",
+                        hint="the caches you return are what the next step receives: return them with the new "
+                             f"token's key and value appended, g = {g} heads each. " + POSITION_HINT)
+
+
+def test_decode_step_sequence__gqa_prompt_7(student):
+    _check_sequence(student, 6, B=2, prompt=7, L=11, d_model=24, h=6, g=2)
+
+
+def test_decode_step_sequence__mha_prompt_1(student):
+    _check_sequence(student, 7, B=1, prompt=1, L=6, d_model=12, h=3, g=3)
+
+
+def test_decode_step_sequence__mqa_prompt_33(student):
+    _check_sequence(student, 8, B=2, prompt=33, L=36, d_model=8, h=4, g=1)
+
+
+def test_decode_step_sequence__gqa_from_empty(student):
+    _check_sequence(student, 9, B=3, prompt=0, L=5, d_model=16, h=4, g=2)
