@@ -185,17 +185,6 @@ def test_mha_loop_mask(student):
                         hint="pass the mask to every head's attention, and slice W_O by rows")
 
 
-def test_mha_loop_mask__own_attention(student):
-    layer, X, args = _layer_inputs(12, B=2, L=5, d_model=8, h=2)
-    causal = create_causal_mask(5)
-
-    result = checks.call(student, "mha_forward_loop", *args, mask=causal[0, 0])
-
-    out, _ = _loop_output(result, "mha_forward_loop with a causal mask, with your own attention")
-    checks.expect_array(out, what="mha_forward_loop output with a causal mask, with your own attention",
-                        shape=X.shape, hint=MASK_HINT)
-
-
 def test_mha_loop_weights(student):
     layer, X, args = _layer_inputs(12, B=2, L=5, d_model=12, h=3)
     layer.forward(X)
