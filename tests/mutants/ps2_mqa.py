@@ -57,6 +57,18 @@ MUTANTS = [
     Mutant("decode: caches the repeated heads", DECODE,
            "    return out, cache_k, cache_v", "    return out, K, V",
            breaks={"decode_step_cache", "decode_step_sequence"}, feedback="not the h repeated ones"),
+    Mutant("decode: answer taken from mha_lab", DECODE, "    B, _, d_model = x.shape\n",
+           "    from mha_lab.cpu import GroupedQueryAttention, KVCache\n"
+           "    from mha_lab.cpu import decode_step as step\n"
+           "    layer = GroupedQueryAttention(x.shape[-1], num_heads, num_kv_heads)\n"
+           "    layer.W_Q, layer.W_K, layer.W_V, layer.W_O = W_Q, W_K, W_V, W_O\n"
+           "    cache = KVCache(x.shape[0], num_kv_heads, x.shape[-1] // num_heads, max_len=cache_k.shape[2] + 1)\n"
+           "    cache.append(cache_k, cache_v)\n"
+           "    out = step(layer, x, cache)\n"
+           "    return out, cache.keys.copy(), cache.values.copy()\n"
+           "    B, _, d_model = x.shape\n",
+           breaks={"decode_step_cache", "decode_step_values", "decode_step_sequence"},
+           feedback="uses mha_lab.cpu."),
 ]
 
 # --- correct solutions written differently ------------------------------------------------------
