@@ -7,10 +7,10 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 A ?=
 
-.PHONY: help book test assignments grade bench serve lint clean
+.PHONY: help book test assignments student-pack grade bench serve lint clean
 
 help:
-	@echo "make book | test | assignments | grade [A=<assignment>] | bench | serve | lint | clean"
+	@echo "make book | test | assignments | student-pack | grade [A=<assignment>] | bench | serve | lint | clean"
 
 # (Re)create the virtual environment whenever requirements.txt changes.
 $(STAMP): requirements.txt pyproject.toml
@@ -21,7 +21,7 @@ $(STAMP): requirements.txt pyproject.toml
 
 # Chapters are MyST notebooks; their .ipynb twins (for Colab/Binder) are regenerated first, or only checked in CI.
 # Execution is "cache" per _config.yml; with CI set, a copy of the config switches it to "force".
-book: $(STAMP)
+book: $(STAMP) student-pack
 	$(BIN)/python tests/test_book.py $${CI:+--check}
 	mkdir -p _build
 	config=_config.yml; \
@@ -39,6 +39,11 @@ test: $(STAMP)
 # Releases in assignments/ from the sources in solutions/ (all of them, or A=<assignment>).
 assignments: $(STAMP)
 	for a in $(if $(A),$(A),$$(ls solutions)); do PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/nbgrader generate_assignment "$$a" --force; done
+
+# The students' download, _build/student/mha_lab_student.zip: the releases and the package they
+# import, no solutions or hidden checks. `make book` builds it first: chapter 11 links it.
+student-pack: $(STAMP)
+	$(BIN)/python -m mha_lab student-pack
 
 # Grade submitted/ (A=<assignment>, or every assignment with submissions), each submission in a
 # sandbox; writes gradebook.db, feedback/ and grades_<assignment>.csv. E.g. GRADE_ARGS="--jobs 4".

@@ -56,6 +56,8 @@ COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
               "grade submissions, each in a sandbox, judged outside it (make grade A=...; --help for options)"),
     "decode": (_module("mha_lab.plots.decode"),
                "time one decoding step against context length (MHA, GQA, MQA) and print decode's FLOPs per byte"),
+    "student-pack": (_module("mha_lab.student_pack"),
+                     "zip the release notebooks and the package they import: no solutions, no hidden checks"),
     "grade-bench": (_module("mha_lab.grade_bench"),
                     "grade a generated class of 200 ps1 submissions and time it (--n for fewer)"),
     "tp": (_module("mha_lab.parallel.check"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -49,3 +50,23 @@ def test_every_release_stubs_name_their_task():
         text = "".join(p.read_text() for p in (REPO / "assignments" / a).glob("*.ipynb"))
         assert f'raise NotImplementedError(\\"{a} task 1: ' in text, f"{a}: stubs do not name their task"
         assert "BEGIN SOLUTION" not in text and "BEGIN HIDDEN TESTS" not in text, f"{a}: the release leaks answers"
+
+
+def test_read_first_links_point_to_the_published_book():
+    """Links that work in a downloaded or Colab notebook: the site's address, a real page, a real label."""
+    base = re.search(r"^  baseurl: (\S+)$", (REPO / "_config.yml").read_text(), re.M)
+    assert base, "_config.yml has no html.baseurl: the notebooks' links need the published site's address"
+    checked = 0
+    for a in ASSIGNMENTS:
+        text = "\n".join(src for kind, src, _ in cells(REPO / "assignments" / a / f"{a}.ipynb") if kind == "markdown")
+        assert "_build/" not in text, f"{a} links the book in a local _build/, which a student does not have"
+        for url in re.findall(r"\]\((https?://[^)\s]+)\)", text):
+            if "nbgrader.readthedocs.io" in url:
+                continue
+            assert url.startswith(base[1]), f"{a} links {url}, not the published book at {base[1]}"
+            page, _, label = url.removeprefix(base[1]).partition("#")
+            source = REPO / page.replace(".html", ".md")
+            assert source.is_file(), f"{a} links {url}: no chapter {source.relative_to(REPO)}"
+            assert not label or f"({label})=" in source.read_text(), f"{a} links {url}: no label {label}"
+            checked += 1
+    assert checked >= len(ASSIGNMENTS), "every assignment links the chapters to read first"
