@@ -162,7 +162,7 @@ class TensorParallelAttention(nn.Module):
         h_r, g_r, d_k = len(self.q_heads), len(self.kv_heads), self.d_k
         x = CopyToParallel.apply(x, self.group, self.comm, "f backward")
         kv = [self.W_K, self.W_V, self.b_K, self.b_V]
-        if self.kv_group is not None:  # a shared K/V head: sum its weights' gradients
+        if self.kv_group is not None:  # shared K/V head: sum its weights' gradients
             kv = [None if t is None else CopyToParallel.apply(
                 t, self.kv_group, self.comm, "K/V grads backward") for t in kv]
         W_K, W_V, b_K, b_V = kv
