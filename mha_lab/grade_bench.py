@@ -91,8 +91,8 @@ def main(argv: list[str] | None = None) -> int:
         kinds = Counter(s.kind for s in students.values())
         mix = ", ".join(f"{kinds[k]} {k}" for k in ("honest", "buggy", "blank", "hostile"))
         print(f"grade-bench: {args.n} {ASSIGNMENT} submissions ({mix}), --jobs {args.jobs}")
-        proc, wall = classroom.run_grader(course, ASSIGNMENT, jobs=args.jobs, timeout=args.timeout,
-                                          limit=max(1800.0, 10 * args.timeout))
+        worst = args.n * args.timeout / args.jobs + 600  # every submission using its whole time, plus start-up
+        proc, wall = classroom.run_grader(course, ASSIGNMENT, jobs=args.jobs, timeout=args.timeout, limit=worst)
         rows = classroom.read_grades(course, ASSIGNMENT)
     if proc is None or proc.returncode != 0:
         tail = "" if proc is None else (proc.stdout + proc.stderr)[-2000:]
