@@ -372,3 +372,10 @@ def test_listings_shown_on_a_page_fit_the_column():
                                     f"{line.strip()[:50]}")
     assert shown, "no listing found"
     assert not problems, "\n".join(problems)
+
+
+def test_directive_fences_have_no_backticks_in_their_titles():
+    """CommonMark ends a backtick fence's info string at a backtick: such a directive renders as text."""
+    bad = [f"{md.name}: {line.strip()[:60]}" for md in sorted(BOOK.glob("*.md"))
+           for line in md.read_text().splitlines() if re.match(r"^`{3,}\{\w[\w-]*\}.*`", line)]
+    assert not bad, "\n".join(bad)
