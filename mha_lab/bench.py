@@ -8,7 +8,8 @@ interleaved (round-robin over implementations), so drift on a shared machine hit
 them alike, and each time is the median of the repeats; peak memory is ``tracemalloc``'s for
 NumPy and ``torch.profiler``'s for PyTorch (``mha_lab.measure`` does all the measuring).
 Achieved GFLOP/s use ``count_flops`` and are compared with a plain BLAS matrix product
-measured in the same run: the practical ceiling here.
+measured in the same run: the practical ceiling here. ``TARGETS`` lists the claims the report
+judges, each with its limit and the length it is judged at.
 """
 
 from __future__ import annotations
@@ -34,11 +35,37 @@ from mha_lab.measure import (
 from mha_lab.tables import markdown_table
 from mha_lab.testing import tolerances
 
-__all__ = ["run_suite", "BenchResults", "main"]
+__all__ = ["Target", "TARGETS", "run_suite", "BenchResults", "main"]
 
 SECTIONS = ("forward", "backward", "memory", "gemm", "tp")
 MAX_SCORE_BYTES = 2 * 2**30  # skip implementations that would hold a (B, h, L, L) tensor larger than this
-TARGET_H = 8  # the head count at which the four targets are judged
+TARGET_H = 8  # the head count at which the targets are judged
+
+
+@dataclass(frozen=True)
+class Target:
+    """A claim the benchmark judges: the float64 ratio ``impls[0] / impls[1]`` of ``quantity`` (or, for
+    ``quantity="exponent"``, the growth exponent in L of ``impls[0]``) against ``limit``, at length
+    ``length`` (None: the largest measured L), with h = ``TARGET_H``."""
+
+    name: str
+    limit: float
+    length: int | None
+    section: str
+    quantity: str  # "seconds", "peak_bytes" or "exponent"
+    impls: tuple[str, ...]
+    higher_is_better: bool = False
+
+
+TARGETS = (
+    Target("numpy fused / torch SDPA time (float64)", 2.0, 1024, "forward", "seconds", ("numpy fused", "torch SDPA")),
+    Target("chunked peak memory exponent in L", 1.1, None, "memory", "exponent", ("chunked",)),
+    Target("numpy fused / chunked peak memory", 16.0, 4096, "memory", "peak_bytes", ("numpy fused", "chunked"),
+           higher_is_better=True),
+    Target("chunked / numpy fused time", 1.5, 4096, "forward", "seconds", ("chunked", "numpy fused")),
+    Target("numpy / torch autograd SDPA forward+backward time (float64)", 3.0, None, "backward", "seconds",
+           ("numpy backward", "torch autograd SDPA")),
+)
 
 
 def _torch():
@@ -144,50 +171,31 @@ class BenchResults:
         return fits
 
     def ratios(self) -> list[dict]:
-        """The four targets of the benchmark, each with its measured ratio, limit and pass/fail.
+        """Each of ``TARGETS`` with its measured value, limit and pass/fail.
 
-        A target stated at one length (L=1024 or L=4096) is reported at the largest measured L
-        up to that length, and judged (``passed`` True/False) only at that length: None otherwise.
+        A target stated at one length is reported at the largest measured L up to that length, and
+        judged (``passed`` True/False) only at that length: None otherwise.
         """
-        out = []
+        return [self._judge(t) for t in TARGETS]
 
-        def add(target: str, measured: float | None, limit: float, at: str, judged: bool = True,
-                higher_is_better: bool = False) -> None:
-            passed = None
-            if measured is not None and judged:
-                passed = measured >= limit if higher_is_better else measured <= limit
-            out.append({"target": target, "measured": measured, "limit": limit,
-                        "rule": ">=" if higher_is_better else "<=", "at": at, "passed": passed})
-
-        def length(section: str, wanted: int | None = None) -> tuple[int | None, str, bool]:
-            Ls = [r["L"] for r in self.select(section=section, h=TARGET_H) if wanted is None or r["L"] <= wanted]
-            L = max(Ls) if Ls else None
-            judged = wanted is None or L == wanted
-            return L, f"L={L}, h={TARGET_H}" + ("" if judged else f" (judged at L={wanted} only)"), judged
-
-        def ratio(section: str, a: str, b: str, key: str, L: int | None) -> float | None:
-            x = self._one(section=section, impl=a, dtype="float64", L=L, h=TARGET_H)
-            y = self._one(section=section, impl=b, dtype="float64", L=L, h=TARGET_H)
-            return x[key] / y[key] if x and y and x.get(key) and y.get(key) else None
-
-        L, at, judged = length("forward", 1024)
-        add("numpy fused / torch SDPA time (float64)", ratio("forward", "numpy fused", "torch SDPA", "seconds", L),
-            2.0, at, judged)
-
-        fit = [f for f in self.exponents() if f["section"] == "memory" and f["impl"] == "chunked"]
-        add("chunked peak memory exponent in L", fit[0]["exponent"] if fit else None, 1.1,
-            f"L={fit[0]['L_range'][0]}-{fit[0]['L_range'][1]}, h={TARGET_H}" if fit else "no data")
-
-        L, at, judged = length("memory", 4096)
-        add("numpy fused / chunked peak memory", ratio("memory", "numpy fused", "chunked", "peak_bytes", L),
-            16.0, at, judged, higher_is_better=True)
-        L, at, judged = length("forward", 4096)
-        add("chunked / numpy fused time", ratio("forward", "chunked", "numpy fused", "seconds", L), 1.5, at, judged)
-
-        L, at, _ = length("backward")
-        add("numpy / torch autograd SDPA forward+backward time (float64)",
-            ratio("backward", "numpy backward", "torch autograd SDPA", "seconds", L), 3.0, at)
-        return out
+    def _judge(self, t: Target) -> dict:
+        if t.quantity == "exponent":
+            wanted = (t.section, t.impls[0], TARGET_H)
+            fits = [f for f in self.exponents() if (f["section"], f["impl"], f["h"]) == wanted]
+            measured, judged = (fits[0]["exponent"], True) if fits else (None, False)
+            at = f"L={fits[0]['L_range'][0]}-{fits[0]['L_range'][1]}, h={TARGET_H}" if fits else "no data"
+        else:
+            Ls = [r["L"] for r in self.select(section=t.section, h=TARGET_H) if t.length is None or r["L"] <= t.length]
+            L = max(Ls, default=None)
+            judged = t.length in (None, L)
+            at = f"L={L}, h={TARGET_H}" + ("" if judged else f" (judged at L={t.length} only)")
+            x, y = (self._one(section=t.section, impl=impl, dtype="float64", L=L, h=TARGET_H) for impl in t.impls)
+            measured = x[t.quantity] / y[t.quantity] if x and y and x[t.quantity] and y[t.quantity] else None
+        passed = None
+        if measured is not None and judged:
+            passed = measured >= t.limit if t.higher_is_better else measured <= t.limit
+        return {"target": t.name, "measured": measured, "limit": t.limit, "rule": ">=" if t.higher_is_better else "<=",
+                "at": at, "passed": passed}
 
     def to_markdown(self) -> str:
         """The measurements, the targets and the fitted exponents as Markdown tables."""

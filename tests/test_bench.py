@@ -90,6 +90,7 @@ def test_ratio_logic_on_known_rows():
     ])
     assert [x["measured"] for x in r.ratios()] == pytest.approx([2.5, 1.0, 20.0, 1.6, 2.0])
     assert [x["passed"] for x in r.ratios()] == [False, True, True, False, True]
+    assert [(x["target"], x["limit"]) for x in r.ratios()] == [(t.name, t.limit) for t in bench.TARGETS]
 
 
 def test_wrong_implementation_is_caught():
