@@ -2,14 +2,15 @@
 DESIGN.md hold (cpu below everything; plots, grading, bench and the command line on top).
 
 The graph is read from the source with ``ast``, function-level imports included, so a lazy
-import cannot hide a cycle. An edge goes to the module an import names: ``from mha_lab.cpu
-import softmax`` depends on ``mha_lab.cpu`` (its ``__init__``), ``from mha_lab.plots import bench``
-on ``mha_lab.plots.bench``.
+import cannot hide a cycle; imports under ``if TYPE_CHECKING:`` (annotations only) are left
+out. An edge goes to the module an import names: ``from mha_lab.cpu import softmax`` depends
+on ``mha_lab.cpu`` (its ``__init__``), ``from mha_lab.plots import bench`` on ``mha_lab.plots.bench``.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -43,7 +44,11 @@ def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
     """The mha_lab modules that ``name`` imports anywhere in its source (module or function level)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+    tree = ast.parse(path.read_text(), filename=str(path))
+    annotations_only = type_checking_only(tree)
+    for node in ast.walk(tree):
+        if node in annotations_only:
+            continue
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -63,6 +68,14 @@ def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
     return found
 
 
+def type_checking_only(tree: ast.Module) -> set[ast.AST]:
+    """The nodes under ``if TYPE_CHECKING:``: imports for annotations only, never run."""
+    return {inner for node in ast.walk(tree) if isinstance(node, ast.If)
+            and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING"
+            for stmt in node.body for inner in ast.walk(stmt)}
+
+
+@functools.cache
 def import_graph() -> dict[str, set[str]]:
     mods = modules()
     return {name: imports_of(name, path, set(mods)) for name, path in mods.items()}

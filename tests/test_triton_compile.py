@@ -28,7 +28,7 @@ CASES = list(itertools.product(compiled.ARCHITECTURES, DTYPES, (64, 128), (False
                          ids=[f"sm{a}-{str(dt)[6:]}-D{d}-{'causal' if c else 'full'}" for a, dt, d, c in CASES])
 def test_every_tile_candidate_builds_within_shared_memory_and_without_spills(arch, dtype, head_dim, causal):
     builds = compiled.build_tile_candidates(arch, dtype, head_dim, causal)
-    assert [b.tile for b in builds] == flash._gpu_tiles(dtype, head_dim)
+    assert [b.tile for b in builds] == flash.tile_candidates(dtype, head_dim)
     for b in builds:
         assert 0 < b.shared_bytes <= compiled.SHARED_MEMORY_BYTES[arch], b
         assert 0 < b.registers <= 255, b
@@ -41,7 +41,7 @@ def test_every_tile_candidate_builds_within_shared_memory_and_without_spills(arc
     (90, torch.bfloat16, 80, 128), (80, torch.float32, 40, 64), (90, torch.float16, 16, 16),
 ])
 def test_head_sizes_that_are_not_a_power_of_two_or_are_small_build(arch, dtype, head_dim, block_d):
-    build = compiled.build_flash_kernel(arch, dtype, head_dim, True, flash._gpu_tiles(dtype, block_d)[0])
+    build = compiled.build_flash_kernel(arch, dtype, head_dim, True, flash.tile_candidates(dtype, head_dim)[0])
     assert build.fits and build.tensor_cores == (dtype != torch.float32), build
 
 
@@ -55,7 +55,7 @@ def test_an_oversized_tile_is_reported_as_spilling():
 @pytest.mark.parametrize(("arch", "dtype", "head_dim", "tile", "match"), [
     (75, torch.float16, 64, (64, 64, 4, 3), "arch must be one of"),
     (90, torch.float64, 64, (64, 64, 4, 3), "dtype must be one of"),
-    (90, torch.float16, 256, (64, 64, 4, 3), "head_dim must be in"),
+    (90, torch.float16, 256, (64, 64, 4, 3), "head size D=256 is not supported"),
     (90, torch.float16, 64, (64, 64, 4), "tile is"),
     (90, torch.float16, 64, (64, 128, 4, 3), "BLOCK_N dividing BLOCK_M"),
     (90, torch.float16, 64, (48, 16, 4, 3), "powers of two"),
@@ -89,5 +89,5 @@ def test_autotuner_pruning_keeps_exactly_the_dtypes_candidates(dtype, head_dim):
     q = torch.empty(1, 1, 1, head_dim, dtype=dtype)
     kept = flash._prune_tiles(flash._CONFIGS, {"Q": q}, BLOCK_D=block_d, HEAD_DIM=head_dim)
     as_tuples = [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) for c in kept]
-    assert sorted(as_tuples) == sorted(flash._gpu_tiles(dtype, block_d))
+    assert sorted(as_tuples) == sorted(flash.tile_candidates(dtype, head_dim))
     assert all(m % n == 0 for m, n, _, _ in as_tuples)  # the kernel's static_assert

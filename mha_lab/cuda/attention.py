@@ -17,11 +17,15 @@ The attention core :math:`\mathrm{softmax}(QK^\top/\sqrt{d_k} + M)\,V` is chosen
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+if TYPE_CHECKING:  # the NumPy layer is only named in annotations: cuda never imports cpu
+    from mha_lab.cpu import GroupedQueryAttention
 
 __all__ = ["MultiHeadAttention", "BACKENDS"]
 
@@ -84,8 +88,8 @@ class MultiHeadAttention(nn.Module):
                 f"causal={self.causal}, bias={self.use_bias}, backend={self.backend!r}")
 
     @classmethod
-    def from_numpy(cls, layer, causal: bool = False, backend: str = "sdpa", device: torch.device | str | None = None,
-                   dtype: torch.dtype | None = None) -> MultiHeadAttention:
+    def from_numpy(cls, layer: GroupedQueryAttention, causal: bool = False, backend: str = "sdpa",
+                   device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> MultiHeadAttention:
         """A module holding copies of a ``mha_lab.cpu`` MultiHeadAttention/GroupedQueryAttention's weights.
 
         The layouts agree, so each array goes through ``torch.from_numpy`` untransposed.

@@ -77,13 +77,11 @@ class KernelBuild:
 
 def build_flash_kernel(arch: int, dtype: torch.dtype, head_dim: int, causal: bool,
                        tile: tuple[int, int, int, int]) -> KernelBuild:
-    """Compile ``flash._attn_fwd`` for compute capability ``arch`` (80 or 90) with one tile; no GPU needed."""
+    """Compile ``flash.forward_kernel`` for compute capability ``arch`` (80 or 90) with one tile; no GPU needed."""
     if arch not in ARCHITECTURES:
         raise ValueError(f"arch must be one of {sorted(ARCHITECTURES)}, got {arch}")
     if dtype not in _TRITON_TYPES:
         raise TypeError(f"dtype must be one of {list(_TRITON_TYPES)}, got {dtype}")
-    if not flash._MIN_HEAD_DIM <= head_dim <= flash._MAX_HEAD_DIM:
-        raise ValueError(f"head_dim must be in [{flash._MIN_HEAD_DIM}, {flash._MAX_HEAD_DIM}], got {head_dim}")
     if len(tile) != 4:
         raise ValueError(f"tile is (BLOCK_M, BLOCK_N, num_warps, num_stages), got {tile}")
     block_m, block_n, num_warps, num_stages = tile
@@ -91,12 +89,10 @@ def build_flash_kernel(arch: int, dtype: torch.dtype, head_dim: int, causal: boo
         raise ValueError(f"BLOCK_M and BLOCK_N must be powers of two >= 16 with BLOCK_N dividing BLOCK_M, got {tile}")
     if num_warps not in (1, 2, 4, 8, 16) or num_stages < 1:
         raise ValueError(f"num_warps must be a power of two up to 16 and num_stages >= 1, got {tile}")
-    if flash._INTERPRET:
+    if triton.knobs.runtime.interpret:
         raise RuntimeError("cannot compile for a GPU while TRITON_INTERPRET=1 is set")
-    fn = flash._attn_fwd.fn  # the @triton.jit function under the autotuner
-    constants = {"HEAD_DIM": head_dim, "BLOCK_D": flash._block_d(head_dim),
-                 "BLOCK_M": block_m, "BLOCK_N": block_n, "CAUSAL": causal,
-                 "DOT_PRECISION": flash._dot_precision(dtype), **dict.fromkeys(_UNIT_STRIDES, 1)}
+    fn, constants = flash.forward_kernel(dtype, head_dim, causal)  # checks the head size
+    constants.update(BLOCK_M=block_m, BLOCK_N=block_n, **dict.fromkeys(_UNIT_STRIDES, 1))
     pointer = "*" + _TRITON_TYPES[dtype]
     signature = {name: "constexpr" if name in constants else pointer if name in ("Q", "K", "V", "Out")
                  else "*fp32" if name == "LSE" else "fp32" if name == "sm_scale" else "i32" for name in fn.arg_names}
@@ -116,8 +112,8 @@ def build_flash_kernel(arch: int, dtype: torch.dtype, head_dim: int, causal: boo
 
 
 def build_tile_candidates(arch: int, dtype: torch.dtype, head_dim: int, causal: bool) -> list[KernelBuild]:
-    """Build every tile the autotuner may try for this dtype and head size (``flash._gpu_tiles``)."""
-    tiles = flash._gpu_tiles(dtype, flash._block_d(head_dim))
+    """Build every tile the autotuner may try for this dtype and head size (``flash.tile_candidates``)."""
+    tiles = flash.tile_candidates(dtype, head_dim)
     return [build_flash_kernel(arch, dtype, head_dim, causal, tile) for tile in tiles]
 
 

@@ -31,7 +31,7 @@ What the kernel supports:
 * any sequence length: the last key block and the last query tile are masked.
 
 Tile sizes are not fixed: on a GPU, the first launch for each head size, causal flag and dtype
-times a few candidate tiles (``_GPU_TILES``) and keeps the fastest.
+times a few candidate tiles (``tile_candidates``) and keeps the fastest.
 
 The backward pass is not a Triton kernel. It is a recompute-based ``torch.autograd.Function``:
 from the saved log-sum-exp it rebuilds :math:`P` one block of query rows at a time in
@@ -50,7 +50,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["flash_attention", "flash_attention_backward", "attention_ref"]
+__all__ = ["flash_attention", "flash_attention_backward", "attention_ref", "tile_candidates", "forward_kernel"]
 
 _INTERPRET = triton.knobs.runtime.interpret  # decided when this module is imported, as for @triton.jit
 _MIN_HEAD_DIM, _MAX_HEAD_DIM = 16, 128
@@ -113,15 +113,31 @@ def _dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype in (torch.float32, torch.float64) else "tf32"
 
 
-def _gpu_tiles(dtype: torch.dtype, block_d: int) -> list[tuple[int, int, int, int]]:
-    """The tile candidates on a GPU for inputs of ``dtype`` with padded head size ``block_d``."""
+def _check_head_dim(head_dim: int) -> None:
+    if not _MIN_HEAD_DIM <= head_dim <= _MAX_HEAD_DIM:
+        raise ValueError(f"head size D={head_dim} is not supported: the kernel takes "
+                         f"{_MIN_HEAD_DIM} <= D <= {_MAX_HEAD_DIM}")
+
+
+def tile_candidates(dtype: torch.dtype, head_dim: int) -> list[tuple[int, int, int, int]]:
+    """The tiles (BLOCK_M, BLOCK_N, num_warps, num_stages) the autotuner times on a GPU for inputs of
+    ``dtype`` and head size ``head_dim``; the first is the usual FlashAttention-2 choice."""
+    _check_head_dim(head_dim)
     width = "32-bit" if dtype.itemsize >= 4 else "16-bit"
-    return _GPU_TILES[f"{width}, D {'<=' if block_d <= 64 else '>'} 64"]
+    return _GPU_TILES[f"{width}, D {'<=' if _block_d(head_dim) <= 64 else '>'} 64"]
+
+
+def forward_kernel(dtype: torch.dtype, head_dim: int, causal: bool) -> tuple[triton.JITFunction, dict[str, object]]:
+    """The forward kernel (the ``@triton.jit`` function under the autotuner) and the compile-time
+    constants that a launch for this dtype, head size and causal flag passes, tile sizes aside."""
+    _check_head_dim(head_dim)
+    return _attn_fwd.fn, {"HEAD_DIM": head_dim, "BLOCK_D": _block_d(head_dim), "CAUSAL": bool(causal),
+                          "DOT_PRECISION": _dot_precision(dtype)}
 
 
 def _prune_tiles(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
     """Autotuner hook: keep only the configs listed for this launch's dtype and head size."""
-    wanted = _gpu_tiles(named_args["Q"].dtype, kwargs["BLOCK_D"])
+    wanted = tile_candidates(named_args["Q"].dtype, kwargs["HEAD_DIM"])
     return [c for c in configs if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) in wanted]
 
 
@@ -255,8 +271,7 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         raise ValueError(f"empty input: batch {B}, length {L}")
     if B * H > _MAX_GRID_Y:
         raise ValueError(f"batch x heads = {B * H} exceeds the launch grid's limit of {_MAX_GRID_Y}; split the batch")
-    if not _MIN_HEAD_DIM <= D <= _MAX_HEAD_DIM:
-        raise ValueError(f"head size D={D} is not supported: the kernel takes {_MIN_HEAD_DIM} <= D <= {_MAX_HEAD_DIM}")
+    _check_head_dim(D)
     if not q.dtype == k.dtype == v.dtype:
         raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if not q.device == k.device == v.device:
@@ -278,19 +293,17 @@ def _flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
                    sm_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch ``_attn_fwd``: one program per (query tile, batch x head). Returns (out, lse)."""
     B, H, L, D = q.shape
-    block_d = _block_d(D)
     acc_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     out = torch.empty_like(q, memory_format=torch.contiguous_format)  # (B, H, L, D)
     lse = torch.empty((B, H, L), dtype=acc_dtype, device=q.device)  # natural-log log-sum-exp per row
-    def grid(meta):
+    def grid(meta: dict) -> tuple[int, int]:
         return (triton.cdiv(L, meta["BLOCK_M"]), B * H)
 
     _attn_fwd[grid](
         q, k, v, out, lse, sm_scale,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(),
         H, H // k.shape[1], L,
-        HEAD_DIM=D, BLOCK_D=block_d, CAUSAL=causal,
-        DOT_PRECISION=_dot_precision(q.dtype),
+        **forward_kernel(q.dtype, D, causal)[1],
     )
     return out, lse
 
@@ -344,14 +357,15 @@ class _FlashAttention(torch.autograd.Function):
     """Triton forward, recompute-based PyTorch backward (see ``flash_attention_backward``)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, sm_scale):
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                sm_scale: float) -> torch.Tensor:
         out, lse = _flash_forward(q, k, v, causal, sm_scale)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.causal, ctx.sm_scale = causal, sm_scale
         return out
 
     @staticmethod
-    def backward(ctx, grad_out):
+    def backward(ctx, grad_out: torch.Tensor) -> tuple:
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = flash_attention_backward(q, k, v, out, lse, grad_out, ctx.causal, ctx.sm_scale)
         return dq, dk, dv, None, None
