@@ -9,19 +9,25 @@ Bytes are bytes; the helpers ``gib``/``gb`` convert with 2**30 and 10**9 respect
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeAlias
 
 import numpy as np
 
+if TYPE_CHECKING:
+    import torch
+
 __all__ = [
     "flops_breakdown", "count_flops", "backward_flops_breakdown", "count_backward_flops", "memory_breakdown",
-    "count_memory_bytes", "dtype_bytes", "ModelConfig", "MODEL_CONFIGS", "kv_cache_bytes", "decode_step_cost",
+    "count_memory_bytes", "dtype_bytes", "DType", "ModelConfig", "MODEL_CONFIGS", "kv_cache_bytes", "decode_step_cost",
     "GPU_PEAKS", "gib", "gb",
 ]
+
+DType: TypeAlias = "str | np.dtype | type[np.generic] | torch.dtype"  # a NumPy or torch dtype, or its name
 
 _EXTRA_DTYPES = {"bfloat16": 2, "bf16": 2, "fp16": 2, "fp32": 4, "fp64": 8, "fp8": 1, "float8": 1}
 
 
-def dtype_bytes(dtype) -> int:
+def dtype_bytes(dtype: DType) -> int:
     """Bytes per element of a NumPy dtype, a torch dtype or a name such as "float16" or "bfloat16"."""
     name = str(dtype).removeprefix("torch.")
     if name in _EXTRA_DTYPES:
@@ -109,7 +115,7 @@ def count_backward_flops(batch_size: int, seq_len: int, d_model: int, n_heads: i
                                         causal).values())
 
 
-def memory_breakdown(batch_size: int, seq_len: int, d_model: int, n_heads: int, dtype="float64",
+def memory_breakdown(batch_size: int, seq_len: int, d_model: int, n_heads: int, dtype: DType = "float64",
                      n_kv_heads: int | None = None) -> dict[str, int]:
     r"""Bytes of what the forward caches for the backward, by tensor (the layer's ``_cache``).
 
@@ -130,7 +136,7 @@ def memory_breakdown(batch_size: int, seq_len: int, d_model: int, n_heads: int, 
     }
 
 
-def count_memory_bytes(batch_size: int, seq_len: int, d_model: int, n_heads: int, dtype="float64",
+def count_memory_bytes(batch_size: int, seq_len: int, d_model: int, n_heads: int, dtype: DType = "float64",
                        n_kv_heads: int | None = None) -> int:
     r"""Bytes a fused forward caches for backward: :math:`(5BLd + BhL^2)` elements for MHA (X, Q, K, V, A, concat)."""
     return sum(memory_breakdown(batch_size, seq_len, d_model, n_heads, dtype, n_kv_heads).values())
@@ -180,7 +186,7 @@ GPU_PEAKS: dict[str, tuple[float, float]] = {
 }
 
 
-def kv_cache_bytes(config: ModelConfig, seq_len: int, batch_size: int = 1, dtype="float16") -> int:
+def kv_cache_bytes(config: ModelConfig, seq_len: int, batch_size: int = 1, dtype: DType = "float16") -> int:
     r"""Bytes of the key/value cache: :math:`2 \cdot n_{layers} \cdot g \cdot d_k \cdot L \cdot B` elements.
 
     The leading 2 is one K and one V per layer. A model with a sliding window keeps at most
@@ -193,7 +199,7 @@ def kv_cache_bytes(config: ModelConfig, seq_len: int, batch_size: int = 1, dtype
 
 
 def decode_step_cost(d_model: int, n_heads: int, n_kv_heads: int, context_len: int, batch_size: int = 1,
-                     dtype="float16", softmax_flops: int = 5) -> dict[str, int]:
+                     dtype: DType = "float16", softmax_flops: int = 5) -> dict[str, int]:
     r"""FLOPs done and bytes read by one decoding step of one attention layer: one new token per sequence
     against ``context_len`` cached positions (the new one included).
 

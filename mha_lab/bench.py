@@ -148,11 +148,11 @@ class BenchResults:
     machine: dict = field(default_factory=dict)
     config: dict = field(default_factory=dict)
 
-    def select(self, **where) -> list[dict]:
+    def select(self, **where: object) -> list[dict]:
         """Rows whose fields equal every given value, e.g. ``select(section="forward", h=8)``."""
         return [r for r in self.rows if all(r.get(k) == v for k, v in where.items())]
 
-    def _one(self, **where) -> dict | None:
+    def _one(self, **where: object) -> dict | None:
         rows = self.select(**where)
         return rows[0] if rows else None
 
@@ -200,7 +200,7 @@ class BenchResults:
     def to_markdown(self) -> str:
         """The measurements, the targets and the fitted exponents as Markdown tables."""
 
-        def fmt(x, spec: str) -> str:
+        def fmt(x: float | None, spec: str) -> str:
             return "" if x is None else format(x, spec)
 
         m = self.machine
@@ -243,7 +243,7 @@ class BenchResults:
         return {"machine": self.machine, "config": self.config, "rows": self.rows,
                 "ratios": self.ratios(), "exponents": self.exponents()}
 
-    def to_json(self, path) -> None:
+    def to_json(self, path: str | Path) -> None:
         """Write rows, machine, configuration, ratios and exponents to ``path`` as JSON."""
         Path(path).write_text(json.dumps(self.to_dict(), indent=2))
 
@@ -326,7 +326,7 @@ class _Shape:
         grad_out = rng.standard_normal(self.X.shape)
         layer = self.layer
 
-        def numpy_step():
+        def numpy_step() -> np.ndarray:
             layer.clear_cache()
             layer.forward(self.X)
             return layer.backward(grad_out)
@@ -340,7 +340,7 @@ class _Shape:
                     continue
                 module, x = _torch_module(layer, backend), torch.from_numpy(self.X).requires_grad_()
 
-                def torch_step(module=module, x=x):
+                def torch_step(module: torch.nn.Module = module, x: torch.Tensor = x) -> tuple:
                     x.grad = None
                     module.zero_grad(set_to_none=True)
                     module(x).backward(g)
@@ -359,7 +359,7 @@ class _Shape:
     def _no_grad(call: Callable[[], object]) -> Callable[[], object]:
         torch = _torch()
 
-        def wrapped():
+        def wrapped() -> object:
             with torch.no_grad():
                 return call()
 

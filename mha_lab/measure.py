@@ -119,7 +119,7 @@ def torch_peak_memory(fn: Callable[[], object]) -> int:
     return int(peak)
 
 
-def gemm_flops_per_second(n: int = 1024, dtype="float32", repeat: int = 5) -> float:
+def gemm_flops_per_second(n: int = 1024, dtype: str = "float32", repeat: int = 5) -> float:
     """FLOP/s of an (n, n) @ (n, n) BLAS matrix product, 2n^3 FLOPs: the arithmetic ceiling here."""
     rng = np.random.default_rng(0)
     a, b = rng.standard_normal((n, n)).astype(dtype), rng.standard_normal((n, n)).astype(dtype)

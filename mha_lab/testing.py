@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
+from numpy.typing import ArrayLike
+
+from mha_lab.analysis import DType
 
 __all__ = ["tolerances", "assert_close", "GRADCHECK_EPS", "GRADCHECK_MAX_REL_ERROR"]
 
@@ -15,7 +18,7 @@ _TOLERANCES = {
 }
 
 
-def tolerances(dtype) -> dict[str, float]:
+def tolerances(dtype: DType) -> dict[str, float]:
     """``{"rtol": ..., "atol": ...}`` for comparing two results computed in ``dtype``."""
     name = str(dtype).removeprefix("torch.")
     if name not in _TOLERANCES:
@@ -23,7 +26,7 @@ def tolerances(dtype) -> dict[str, float]:
     return dict(_TOLERANCES[name])
 
 
-def assert_close(actual, expected, dtype=None, err_msg: str = "") -> None:
+def assert_close(actual: ArrayLike, expected: ArrayLike, dtype: DType | None = None, err_msg: str = "") -> None:
     """``np.testing.assert_allclose`` with the tolerance of ``dtype`` (default: ``actual``'s dtype)."""
     actual, expected = np.asarray(actual), np.asarray(expected)
     np.testing.assert_allclose(actual, expected, err_msg=err_msg, **tolerances(dtype or actual.dtype))

@@ -19,10 +19,18 @@ from mha_lab.analysis import (
 from mha_lab.cpu import GroupedQueryAttention
 
 
-def test_count_flops_matches_the_formula():
+@pytest.mark.parametrize("h_kv", [8, 2])
+def test_count_flops_counts_the_products_the_layer_performs(h_kv):
+    """Counted independently of the formula: 2mnk for every matrix product of a real forward, read off
+    the layer's weights and its (B, h, L, L) weights, plus 5 FLOPs per score for the softmax."""
     B, L, d, h = 2, 64, 128, 8
-    assert count_flops(B, L, d, h) == 8 * B * L * d * d + 4 * B * L * L * d + 5 * B * h * L * L
-    assert count_flops(B, L, d, h) == sum(flops_breakdown(B, L, d, h).values())
+    layer = GroupedQueryAttention(d, h, h_kv, seed=0)
+    layer.forward(np.zeros((B, L, d)))
+    A = layer.attention_weights  # (B, h, L, L)
+    projections = sum(2 * B * L * W.shape[0] * W.shape[1] for W in (layer.W_Q, layer.W_K, layer.W_V, layer.W_O))
+    core = 2 * (2 * A.size * layer.d_k)  # Q K^T and A V: (L, d_k) @ (d_k, L) and (L, L) @ (L, d_k) per head
+    assert count_flops(B, L, d, h, n_kv_heads=h_kv) == projections + core + 5 * A.size
+    assert count_flops(B, L, d, h, n_kv_heads=h_kv) == sum(flops_breakdown(B, L, d, h, n_kv_heads=h_kv).values())
 
 
 @pytest.mark.parametrize("h", [2, 4, 8, 16])

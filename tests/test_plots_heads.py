@@ -8,6 +8,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from mha_lab.plots.heads import plot_attention_heads, plot_toy_heads, plot_toy_training  # noqa: E402
+from mha_lab.testing import assert_close  # noqa: E402
 from mha_lab.toy import ToyTask, train_toy  # noqa: E402
 
 
@@ -68,13 +69,19 @@ def test_head_split_layout_lists_offsets_in_visit_order():
     assert all(ax.get_xlabel() for ax in fig.axes)
 
 
-def test_loop_vs_fused_timing_records_and_figure():
+def test_loop_vs_fused_timing_records_and_figure(monkeypatch):
+    from mha_lab.plots import layout
     from mha_lab.plots.layout import plot_loop_vs_fused, time_loop_vs_fused
 
+    def fake_times(fns, repeat):
+        """Runs each candidate once (both must compute the same layer) and reports known times."""
+        assert_close(fns["loop"]()[0], fns["fused"]())
+        return times.pop(0)
+
+    times = [{"loop": 3.0, "fused": 1.5}, {"loop": 12.0, "fused": 1.5}]
+    monkeypatch.setattr(layout, "interleaved_times", fake_times)
     records = time_loop_vs_fused(head_counts=(1, 4), batch_size=1, seq_len=8, d_model=16, repeat=2)
-    assert [r["heads"] for r in records] == [1, 4]
-    for r in records:
-        assert r["loop_s"] > 0 and r["fused_s"] > 0
-        assert r["ratio"] == pytest.approx(r["loop_s"] / r["fused_s"])
+    assert records == [{"heads": 1, "loop_s": 3.0, "fused_s": 1.5, "ratio": 2.0},
+                       {"heads": 4, "loop_s": 12.0, "fused_s": 1.5, "ratio": 8.0}]
     ax = plot_loop_vs_fused(records).axes[0]
     assert len(ax.lines) == 2 and "(ms)" in ax.get_ylabel() and "heads" in ax.get_xlabel()

@@ -60,11 +60,11 @@ def bench_case(dtype: str, head_dim: int, causal: bool, seq_len: int, batch: int
     q, k, v = (torch.randn(batch, heads, seq_len, head_dim, device=device, dtype=getattr(torch, dtype),
                            generator=gen) for _ in range(3))
 
-    def sdpa():
+    def sdpa() -> torch.Tensor:
         with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
             return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
-    def ours():
+    def ours() -> torch.Tensor:
         return flash_attention(q, k, v, causal=causal)
 
     diff = (ours().float() - sdpa().float()).abs().max().item()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mha_lab.analysis import dtype_bytes
+from mha_lab.analysis import DType, dtype_bytes
 from mha_lab.parallel.heads import check_split
 
 __all__ = ["weights_per_device", "allreduce_bytes", "kv_grad_allreduce_bytes"]
@@ -21,7 +21,7 @@ def weights_per_device(d_model: int, n_heads: int, n_kv_heads: int, world_size: 
 
 
 def allreduce_bytes(batch_size: int, seq_len: int, d_model: int, world_size: int,
-                    dtype="bfloat16") -> dict[str, float]:
+                    dtype: DType = "bfloat16") -> dict[str, float]:
     r"""Communication of the one forward all-reduce of an attention layer.
 
     ``message``: the (B, L, d_model) partial output, :math:`BLd` elements;
@@ -35,7 +35,7 @@ def allreduce_bytes(batch_size: int, seq_len: int, d_model: int, world_size: int
 
 
 def kv_grad_allreduce_bytes(d_model: int, n_heads: int, n_kv_heads: int, world_size: int, use_bias: bool,
-                            dtype="bfloat16") -> int:
+                            dtype: DType = "bfloat16") -> int:
     r"""Bytes per device of the backward all-reduces that sum a replicated key/value head's weight gradients.
 
     Zero when the key/value heads are split (:math:`h_{kv} \ge N`); otherwise each device holds one

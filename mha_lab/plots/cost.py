@@ -14,6 +14,7 @@ from matplotlib.figure import Figure
 
 from mha_lab.analysis import (
     MODEL_CONFIGS,
+    DType,
     ModelConfig,
     backward_flops_breakdown,
     flops_breakdown,
@@ -98,7 +99,7 @@ def _gflop(flops: float) -> str:
     return f"{float(f'{g:.3g}'):,.{digits}f}"
 
 
-def memory_table(sizes: Iterable[tuple[int, int, int, int]], dtype="float32",
+def memory_table(sizes: Iterable[tuple[int, int, int, int]], dtype: DType = "float32",
                  names: Sequence[str] | None = None) -> str:
     """Bytes kept for the backward, by tensor (rows), for each ``(B, L, d_model, h)`` (columns), in MiB
     (2**20 bytes), with the total and the share of the attention weights A."""
@@ -111,7 +112,7 @@ def memory_table(sizes: Iterable[tuple[int, int, int, int]], dtype="float32",
     return markdown_table(["kept for the backward", *names], rows)
 
 
-def heads_table(batch_size: int, seq_len: int, d_model: int, heads: Iterable[int], dtype="float16") -> str:
+def heads_table(batch_size: int, seq_len: int, d_model: int, heads: Iterable[int], dtype: DType = "float16") -> str:
     """What changes with the number of heads at fixed d_model: matmul FLOPs (nothing), softmax FLOPs and
     the attention-weight memory (both grow like h)."""
     rows = []
@@ -125,7 +126,7 @@ def heads_table(batch_size: int, seq_len: int, d_model: int, heads: Iterable[int
                            f"attention weights (MiB, {dtype})"], rows)
 
 
-def kv_cache_table(seq_len: int = 4096, dtype="float16", configs: Iterable[ModelConfig] | None = None) -> str:
+def kv_cache_table(seq_len: int = 4096, dtype: DType = "float16", configs: Iterable[ModelConfig] | None = None) -> str:
     """Each model's attention shape and KV cache per token and at ``seq_len`` tokens (batch 1)."""
     rows = []
     for c in configs or MODEL_CONFIGS.values():
@@ -153,7 +154,7 @@ def plot_flops_vs_length(d_model: int = 4096, n_heads: int = 32, lengths: Sequen
                    title=f"One attention layer, d_model = {d_model}, h = {n_heads}")
 
 
-def plot_kv_cache_vs_context(lengths: Sequence[int] | None = None, dtype="float16",
+def plot_kv_cache_vs_context(lengths: Sequence[int] | None = None, dtype: DType = "float16",
                              configs: Iterable[ModelConfig] | None = None) -> Figure:
     """KV cache of one sequence against context length, one line per model, log-log, in GiB.
 

@@ -13,7 +13,7 @@ from functools import partial
 import numpy as np
 from matplotlib.figure import Figure
 
-from mha_lab.analysis import GPU_PEAKS, MODEL_CONFIGS, ModelConfig, decode_step_cost
+from mha_lab.analysis import GPU_PEAKS, MODEL_CONFIGS, DType, ModelConfig, decode_step_cost
 from mha_lab.cpu import GroupedQueryAttention, KVCache, decode_step
 from mha_lab.measure import blas_threads, gemm_flops_per_second, interleaved_times, read_bytes_per_second
 from mha_lab.plots.style import check, legend_outside, new_figure
@@ -23,7 +23,7 @@ __all__ = ["decode_times", "plot_decode_times", "decode_times_table", "intensity
 
 
 def decode_times(context_lengths: Sequence[int], d_model: int = 1024, n_heads: int = 8,
-                 kv_heads: dict[str, int] | None = None, batch_size: int = 1, dtype="float32",
+                 kv_heads: dict[str, int] | None = None, batch_size: int = 1, dtype: DType = "float32",
                  repeat: int = 9) -> dict[str, list[float]]:
     """Seconds of one ``decode_step`` at each context length, per head layout, timed side by side.
 
@@ -65,7 +65,7 @@ def plot_decode_times(context_lengths: Sequence[int], times: dict[str, Sequence[
 
 
 def decode_times_table(context_lengths: Sequence[int], times: dict[str, Sequence[float]], d_model: int,
-                       n_heads: int, kv_heads: dict[str, int], dtype="float32") -> str:
+                       n_heads: int, kv_heads: dict[str, int], dtype: DType = "float32") -> str:
     """Time per token in ms, with the bytes the step reads per second in GB/s in brackets, per
     layout and context length, and the ratio of the first two layouts' times."""
     names = list(times)
@@ -82,7 +82,7 @@ def decode_times_table(context_lengths: Sequence[int], times: dict[str, Sequence
 
 
 def intensity_table(configs: Sequence[ModelConfig], context_len: int, batch_sizes: Sequence[int],
-                    dtype="float16") -> str:
+                    dtype: DType = "float16") -> str:
     """FLOPs per byte read of one decoding step of one layer, whole step and attention alone."""
     rows = []
     for c in configs:

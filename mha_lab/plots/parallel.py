@@ -11,7 +11,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
-from mha_lab.analysis import MODEL_CONFIGS, dtype_bytes
+from mha_lab.analysis import MODEL_CONFIGS, DType, dtype_bytes
 from mha_lab.cpu import GroupedQueryAttention
 from mha_lab.parallel import allreduce_bytes, head_columns, shard_layer, weights_per_device
 from mha_lab.plots.style import check, legend_outside, new_figure
@@ -71,7 +71,7 @@ def plot_weight_split(d_model: int = 32, num_heads: int = 8, num_kv_heads: int |
 
 
 def plot_tp_memory_and_traffic(model: str = "Llama-2-70B", seq_len: int = 4096, batch_size: int = 1,
-                               dtype="bfloat16", world_sizes: Sequence[int] = (1, 2, 4, 8, 16)) -> Figure:
+                               dtype: DType = "bfloat16", world_sizes: Sequence[int] = (1, 2, 4, 8, 16)) -> Figure:
     """Per device and per layer: attention weights held, and bytes sent by the forward all-reduce (ring), in MiB."""
     c = MODEL_CONFIGS[model]
     N = np.asarray(world_sizes)
