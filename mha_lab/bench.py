@@ -106,14 +106,10 @@ def _torch_module(layer, backend: str):
     return TorchMultiHeadAttention.from_numpy(layer, backend=backend)
 
 
-def _torch_nn_mha(layer):
-    torch = _torch()
-    d = layer.d_model
-    mha = torch.nn.MultiheadAttention(d, layer.num_heads, bias=False, batch_first=True, dtype=torch.float64)
-    with torch.no_grad():  # nn.MultiheadAttention computes x @ W.T, so its weights are ours transposed
-        mha.in_proj_weight.copy_(torch.from_numpy(np.concatenate([layer.W_Q, layer.W_K, layer.W_V], axis=1).T))
-        mha.out_proj.weight.copy_(torch.from_numpy(layer.W_O.T))
-    mha.eval()
+def _torch_nn_mha(layer: MultiHeadAttention) -> Callable[[object], object]:
+    from mha_lab.cuda.attention import torch_multihead_attention
+
+    mha = torch_multihead_attention(layer).eval()
     return lambda x: mha(x, x, x, need_weights=False)[0]
 
 

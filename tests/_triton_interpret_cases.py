@@ -189,7 +189,7 @@ def run_bench(case: dict) -> None:
     row = bench_gpu.bench_case("float32", 16, True, 40, batch=1, heads=2, device="cpu")
     assert row["max_abs_diff"] < 1e-5, row
     assert math.isclose(row["ratio"], row["sdpa_ms"] / row["ours_ms"]), row
-    flops = bench_gpu.attention_flops(1, 2, 40, 16, causal=True)
+    flops = 4 * 2 * (40 * 41 // 2) * 16  # H=2 heads, L(L+1)/2 causal pairs, 2D FLOPs each in QK^T and in PV
     assert math.isclose(row["ours_tflops"], flops / row["ours_ms"] / 1e9), row
     right = flash.flash_attention
     flash.flash_attention = lambda q, k, v, causal=False: right(q, k, v, causal=not causal)  # the wrong mask

@@ -7,20 +7,8 @@ torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
 from mha_lab.cpu import GroupedQueryAttention, MultiHeadAttention, create_causal_mask, split_heads  # noqa: E402
+from mha_lab.cuda.attention import torch_multihead_attention  # noqa: E402
 from mha_lab.testing import assert_close  # noqa: E402
-
-
-def torch_mha_like(mha: MultiHeadAttention) -> torch.nn.MultiheadAttention:
-    """A torch layer with our weights: torch stores y = x W^T + b, we store y = X W + b."""
-    d = mha.d_model
-    ref = torch.nn.MultiheadAttention(d, mha.num_heads, bias=mha.use_bias, batch_first=True, dtype=torch.float64)
-    with torch.no_grad():
-        ref.in_proj_weight.copy_(torch.from_numpy(np.concatenate([mha.W_Q, mha.W_K, mha.W_V], axis=1).T))
-        ref.out_proj.weight.copy_(torch.from_numpy(mha.W_O.T))
-        if mha.use_bias:
-            ref.in_proj_bias.copy_(torch.from_numpy(np.concatenate([mha.b_Q, mha.b_K, mha.b_V])))
-            ref.out_proj.bias.copy_(torch.from_numpy(mha.b_O))
-    return ref
 
 
 @pytest.mark.parametrize("B, L, d, h", [(1, 1, 8, 2), (3, 7, 12, 3), (2, 97, 32, 4)])
@@ -32,7 +20,7 @@ def test_forward_and_gradients_match_torch_multihead_attention(B, L, d, h, causa
     if bias:
         for n in "QKVO":
             setattr(mha, f"b_{n}", rng.standard_normal(d))
-    ref = torch_mha_like(mha)
+    ref = torch_multihead_attention(mha)
     X, G = rng.standard_normal((B, L, d)), rng.standard_normal((B, L, d))
     mask = create_causal_mask(L) if causal else None
 

@@ -16,6 +16,7 @@ from mha_lab.cpu.functional import (
     check_mask,
     check_rank,
     merge_heads,
+    scaled_dot_product_attention,
     softmax,
     softmax_backward,
     split_heads,
@@ -115,14 +116,9 @@ class SelfAttention(AttentionLayer):
         """(B, L, d_model) -> (B, L, d_out); ``mask`` is additive, broadcastable to (B, L, L)."""
         X = self.check_input(X)
         Q, K, V = (self.project(X, n) for n in "QKV")  # (B, L, d_k), (B, L, d_k), (B, L, d_v)
-        S = Q @ K.transpose(0, 2, 1) / np.sqrt(self.d_k)  # (B, L, L)
-        if mask is not None:
-            if mask.ndim == 4 and mask.shape[:2] == (1, 1):
-                mask = mask[0, 0]  # (1, 1, L, L) -> (L, L): there is no head axis here
-            check_mask(mask, S.shape)
-            S = S + mask
-        A = softmax(S)  # (B, L, L)
-        Z = A @ V  # (B, L, d_v)
+        if mask is not None and mask.ndim == 4 and mask.shape[:2] == (1, 1):
+            mask = mask[0, 0]  # (1, 1, L, L) -> (L, L): there is no head axis here
+        Z, A = scaled_dot_product_attention(Q, K, V, mask)  # (B, L, d_v), (B, L, L)
         self.attention_weights = A
         self._cache = {"X": X, "Q": Q, "K": K, "V": V, "A": A, "Z": Z}
         return self.project(Z, "O")

@@ -27,7 +27,7 @@ from torch import nn
 if TYPE_CHECKING:  # the NumPy layer is only named in annotations: cuda never imports cpu
     from mha_lab.cpu import GroupedQueryAttention
 
-__all__ = ["MultiHeadAttention", "BACKENDS"]
+__all__ = ["MultiHeadAttention", "BACKENDS", "torch_multihead_attention"]
 
 BACKENDS = ("eager", "sdpa", "triton")
 _NAMES = ("Q", "K", "V", "O")
@@ -229,3 +229,23 @@ class MultiHeadAttention(nn.Module):
         except ImportError as err:
             raise RuntimeError(f"backend='triton' needs the triton package ({err}); use backend='sdpa'") from err
         return flash_attention(q, k, v, causal=self.causal)  # (B, h, L, d_k)
+
+
+def torch_multihead_attention(layer: GroupedQueryAttention) -> nn.MultiheadAttention:
+    """PyTorch's own ``nn.MultiheadAttention`` (batch first, the layer's dtype) holding a NumPy MHA layer's weights.
+
+    It computes ``x @ W.T + b`` with Q, K, V stacked in ``in_proj_weight`` (3 d_model, d_model),
+    so each of our (in, out) matrices goes in transposed; biases copy as they are.
+    """
+    if layer.num_kv_heads != layer.num_heads:
+        raise ValueError(f"nn.MultiheadAttention has no grouped K/V heads: the layer has {layer.num_kv_heads} "
+                         f"for {layer.num_heads} query heads")
+    dtype = torch.from_numpy(layer.W_Q).dtype
+    module = nn.MultiheadAttention(layer.d_model, layer.num_heads, bias=layer.use_bias, batch_first=True, dtype=dtype)
+    with torch.no_grad():
+        module.in_proj_weight.copy_(torch.from_numpy(np.concatenate([layer.W_Q, layer.W_K, layer.W_V], axis=1).T))
+        module.out_proj.weight.copy_(torch.from_numpy(layer.W_O.T))
+        if layer.use_bias:
+            module.in_proj_bias.copy_(torch.from_numpy(np.concatenate([layer.b_Q, layer.b_K, layer.b_V])))
+            module.out_proj.bias.copy_(torch.from_numpy(layer.b_O))
+    return module

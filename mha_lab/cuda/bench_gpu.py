@@ -3,12 +3,12 @@ r"""GPU benchmark: our Triton flash kernel against PyTorch SDPA with its flash b
 ``python -m mha_lab bench --gpu [--quick] [--out DIR]`` times the forward pass of both on
 B = 4, H = 32, head sizes 64 and 128, L from 1k to 16k, causal and not, in fp16 and bf16,
 and prints achieved TFLOP/s and the ratio ours / SDPA (the target is at least 0.8 at
-L >= 2k). Each forward counts
+L >= 2k). Each forward counts the two matmuls of ``analysis.flops_breakdown``,
 
 .. math:: \text{FLOPs} = 4 \cdot B \cdot H \cdot L^2 \cdot D
 
-(two matmuls, :math:`QK^\top` and :math:`PV`, of :math:`2L^2D` each per head), halved when
-causal since half the score matrix is skipped. Softmax work is not counted. Times are the
+(:math:`QK^\top` and :math:`PV`, :math:`2L^2D` each per head), with :math:`L(L+1)/2` pairs
+instead of :math:`L^2` when causal. Softmax work is not counted. Times are the
 median of ``triton.testing.do_bench`` (CUDA events, L2 cache flushed between runs); the
 two outputs are compared once per shape before timing, since a fast wrong kernel is worth
 nothing. Results go to ``DIR/bench_gpu.json`` with the device name.
@@ -24,19 +24,16 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["attention_flops", "time_ms", "bench_case", "run", "format_table", "main"]
+from mha_lab.analysis import flops_breakdown
+from mha_lab.tables import markdown_table
+
+__all__ = ["time_ms", "bench_case", "run", "format_table", "main"]
 
 BATCH, HEADS = 4, 32
 SEQ_LENS = (1024, 2048, 4096, 8192, 16384)
 HEAD_DIMS = (64, 128)
 DTYPES = ("float16", "bfloat16")
 TARGET_RATIO, TARGET_FROM_L = 0.8, 2048
-
-
-def attention_flops(B: int, H: int, L: int, D: int, causal: bool) -> int:
-    """Matmul FLOPs of one attention forward: 4 B H L^2 D, halved when causal."""
-    flops = 4 * B * H * L * L * D
-    return flops // 2 if causal else flops
 
 
 def time_ms(fn: Callable[[], object]) -> float:
@@ -70,7 +67,8 @@ def bench_case(dtype: str, head_dim: int, causal: bool, seq_len: int, batch: int
     diff = (ours().float() - sdpa().float()).abs().max().item()
     if not diff < 2e-2:
         raise AssertionError(f"kernel and SDPA disagree by {diff:.3g} at {dtype} D={head_dim} L={seq_len}")
-    flops = attention_flops(batch, heads, seq_len, head_dim, causal)
+    counts = flops_breakdown(batch, seq_len, heads * head_dim, heads, causal=causal)
+    flops = counts["qk"] + counts["av"]
     ours_ms, sdpa_ms = time_ms(ours), time_ms(sdpa)
     return {"dtype": dtype, "head_dim": head_dim, "causal": causal, "seq_len": seq_len, "batch": batch,
             "heads": heads, "ours_ms": ours_ms, "sdpa_ms": sdpa_ms, "ours_tflops": flops / ours_ms / 1e9,
@@ -88,17 +86,10 @@ def run(quick: bool = False, progress: bool = True) -> list[dict]:
 
 
 def format_table(rows: list[dict]) -> str:
-    """An aligned text table: dtype, D, causal, L, TFLOP/s of ours and of SDPA, and their ratio."""
-    header = ["dtype", "D", "causal", "L", "ours TFLOP/s", "SDPA TFLOP/s", "ratio"]
-    body = [[r["dtype"], str(r["head_dim"]), "yes" if r["causal"] else "no", str(r["seq_len"]),
-             f"{r['ours_tflops']:.1f}", f"{r['sdpa_tflops']:.1f}", f"{r['ratio']:.2f}"] for r in rows]
-    widths = [max(len(row[i]) for row in [header, *body]) for i in range(len(header))]
-
-    def line(cells: list[str]) -> str:
-        first, *rest = zip(cells, widths, strict=True)
-        return "  ".join([first[0].ljust(first[1]), *(c.rjust(w) for c, w in rest)])
-
-    return "\n".join([line(header), "  ".join("-" * w for w in widths), *(line(r) for r in body)])
+    """A Markdown table: dtype, D, causal, L, TFLOP/s of ours and of SDPA, and their ratio."""
+    return markdown_table(["dtype", "D", "causal", "L", "ours TFLOP/s", "SDPA TFLOP/s", "ratio"],
+                          [[r["dtype"], r["head_dim"], "yes" if r["causal"] else "no", r["seq_len"],
+                            f"{r['ours_tflops']:.1f}", f"{r['sdpa_tflops']:.1f}", f"{r['ratio']:.2f}"] for r in rows])
 
 
 def main(argv: list[str] | None = None) -> int:
