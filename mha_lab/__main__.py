@@ -18,28 +18,10 @@ def _module(name: str) -> Callable[[list[str]], int]:
     return lambda argv: importlib.import_module(name).main(argv)
 
 
-def _bench_gpu(argv: list[str]) -> int:
-    """Run ``mha_lab.cuda.bench_gpu.main(argv)``, or explain why it cannot run here; returns the exit status."""
-    try:
-        import torch
-    except ImportError:
-        print("--gpu needs PyTorch: pip install torch", file=sys.stderr)
-        return 1
-    if not torch.cuda.is_available():
-        print("--gpu needs a CUDA GPU, and torch.cuda.is_available() is False on this machine", file=sys.stderr)
-        return 1
-    try:
-        from mha_lab.cuda import bench_gpu
-    except ImportError as err:
-        print(f"--gpu: the GPU benchmark (mha_lab.cuda.bench_gpu) cannot be imported: {err}", file=sys.stderr)
-        return 1
-    return bench_gpu.main(argv)
-
-
 def _bench(argv: list[str]) -> int:
     """``bench``: the suite and its tables (``mha_lab.bench``), then its figures (``mha_lab.plots.bench``)."""
-    if "--gpu" in argv:
-        return _bench_gpu([a for a in argv if a != "--gpu"])
+    if "--gpu" in argv:  # PyTorch and Triton on an NVIDIA GPU
+        return _module("mha_lab.cuda.bench_gpu")([a for a in argv if a != "--gpu"])
     from mha_lab import bench
     from mha_lab.plots.bench import save_figures
 

@@ -114,7 +114,8 @@ def run_backward(case: dict) -> None:
     """Gradients of the kernel (recompute backward) against torch autograd through the plain reference."""
     import torch
 
-    from mha_lab.cuda.flash import attention_ref, flash_attention
+    from mha_lab.cuda.attention import attention_ref
+    from mha_lab.cuda.flash import flash_attention
     from mha_lab.testing import assert_close
 
     inputs = _inputs(case, torch)

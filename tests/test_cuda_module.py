@@ -301,7 +301,8 @@ def test_benchmark_report_prints_table_verdict_and_json(monkeypatch, tmp_path, c
 
 def _error_vs_fp32(dtype, B, H, H_kv, L, D, causal):
     """(kernel error, plain PyTorch error) in ``dtype``, both against the float32 reference, forward and grads."""
-    from mha_lab.cuda.flash import attention_ref, flash_attention
+    from mha_lab.cuda.attention import attention_ref
+    from mha_lab.cuda.flash import flash_attention
 
     gen = torch.Generator(device="cuda").manual_seed(L + D)
     q = torch.randn(B, H, L, D, device="cuda", dtype=dtype, generator=gen)
@@ -336,7 +337,8 @@ def test_gpu_half_precision_error_is_at_most_twice_pytorchs(dtype, B, H, H_kv, L
 @pytest.mark.gpu
 @requires_cuda
 def test_gpu_float32_kernel_matches_reference_and_module_trains():
-    from mha_lab.cuda.flash import attention_ref, flash_attention
+    from mha_lab.cuda.attention import attention_ref
+    from mha_lab.cuda.flash import flash_attention
 
     q, k, v = (torch.randn(2, 4, 333, 64, device="cuda") for _ in range(3))
     for causal in (False, True):

@@ -27,7 +27,7 @@ from torch import nn
 if TYPE_CHECKING:  # the NumPy layer is only named in annotations: cuda never imports cpu
     from mha_lab.cpu import GroupedQueryAttention
 
-__all__ = ["MultiHeadAttention", "BACKENDS", "torch_multihead_attention"]
+__all__ = ["MultiHeadAttention", "BACKENDS", "attention_ref", "torch_multihead_attention"]
 
 BACKENDS = ("eager", "sdpa", "triton")
 _NAMES = ("Q", "K", "V", "O")
@@ -36,6 +36,38 @@ _NAMES = ("Q", "K", "V", "O")
 def _future_mask(L: int, device: torch.device) -> torch.Tensor:
     """(L, L) boolean, True strictly above the diagonal: the keys a causal query may not see."""
     return torch.ones(L, L, dtype=torch.bool, device=device).triu(1)
+
+
+def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+                  sm_scale: float | None = None, upcast: bool = True, mask: torch.Tensor | None = None) -> torch.Tensor:
+    r"""Attention step by step in plain PyTorch, materialising the scores: the "eager" backend's core and
+    the Triton kernel's reference (NumPy's is ``mha_lab.cpu.scaled_dot_product_attention``).
+
+    .. math:: O = \mathrm{softmax}\big(s\,QK^\top + M\big)\,V, \quad s = 1/\sqrt{D} \text{ by default}
+
+    Memory traffic: the (B, H, L, L) scores are written, read by the softmax, written again
+    as probabilities and read by the second matmul. ``mask`` is boolean (True = may attend) or
+    additive, broadcastable to (B, H, L, L); ``causal`` adds the causal mask. ``upcast=True``
+    computes in float32 (float64 stays float64) and returns the input dtype: the accuracy
+    yardstick for fp16/bf16; ``upcast=False`` computes in the input dtype, as plain PyTorch does.
+
+    Shapes: q (B, H, L, D); k, v (B, H_kv, L, D) with H % H_kv == 0 -> (B, H, L, D).
+    """
+    dtype = q.dtype
+    if upcast and dtype != torch.float64:
+        q, k, v = q.float(), k.float(), v.float()
+    n_rep = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(n_rep, dim=1)  # (B, H_kv, L, D) -> (B, H, L, D): head h reads h // n_rep
+    v = v.repeat_interleave(n_rep, dim=1)  # (B, H_kv, L, D) -> (B, H, L, D)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else sm_scale
+    scores = (q @ k.transpose(-2, -1)) * scale  # (B, H, L, D) @ (B, H, D, L) -> (B, H, L, L)
+    if causal:
+        scores = scores.masked_fill(_future_mask(q.shape[-2], q.device), float("-inf"))
+    if mask is not None and mask.dtype == torch.bool:
+        scores = scores.masked_fill(~mask, float("-inf"))  # True = may attend, so fill where False
+    elif mask is not None:
+        scores = scores + mask
+    return (torch.softmax(scores, dim=-1) @ v).to(dtype)  # (B, H, L, L) @ (B, H, L, D) -> (B, H, L, D)
 
 
 class MultiHeadAttention(nn.Module):
@@ -189,29 +221,13 @@ class MultiHeadAttention(nn.Module):
         q, k, v = self.project_qkv(x)  # (B, h, L, d_k), (B, h_kv, L, d_k), (B, h_kv, L, d_k)
         # 3.-5. scores, mask, softmax, weighted values
         if self.backend == "eager":
-            z = self._eager_attention(q, k, v, mask)
+            z = attention_ref(q, k, v, causal=self.causal and mask is None, mask=mask, upcast=False)
         elif self.backend == "sdpa":
             z = self._sdpa_attention(q, k, v, mask)
         else:
             z = self._triton_attention(q, k, v, mask)
         # 6. merge the heads, then 7. the output projection
         return self.project_out(z)
-
-    def _eager_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                         mask: torch.Tensor | None) -> torch.Tensor:
-        """The core step by step; materialises the (B, h, L, L) weights."""
-        L = q.shape[-2]
-        k = k.repeat_interleave(self.n_rep, dim=1)  # (B, h_kv, L, d_k) -> (B, h, L, d_k): head i reads i // n_rep
-        v = v.repeat_interleave(self.n_rep, dim=1)  # (B, h_kv, L, d_k) -> (B, h, L, d_k)
-        scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_k)  # (B, h, L, d_k) @ (B, h, d_k, L) -> (B, h, L, L)
-        if mask is None and self.causal:
-            scores = scores.masked_fill(_future_mask(L, q.device), float("-inf"))
-        elif mask is not None and mask.dtype == torch.bool:
-            scores = scores.masked_fill(~mask, float("-inf"))  # True = may attend, so fill where False
-        elif mask is not None:
-            scores = scores + mask
-        weights = torch.softmax(scores, dim=-1)  # (B, h, L, L), rows sum to 1
-        return weights @ v  # (B, h, L, L) @ (B, h, L, d_k) -> (B, h, L, d_k)
 
     def _sdpa_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                         mask: torch.Tensor | None) -> torch.Tensor:

@@ -38,8 +38,9 @@ from the saved log-sum-exp it rebuilds :math:`P` one block of query rows at a ti
 PyTorch (float32, or float64 for float64 inputs), so training never holds the full
 :math:`L \times L` matrix either, at the price of speed.
 
-Layout of this file, as in the Triton tutorials: a reference in plain PyTorch, the tile
-candidates, the kernel, the wrapper that validates inputs and launches it, and the backward.
+Layout of this file, as in the Triton tutorials: the tile candidates, the kernel, the wrapper
+that validates inputs and launches it, and the backward; its reference in plain PyTorch is
+``mha_lab.cuda.attention.attention_ref``, the "eager" backend's core.
 """
 
 from __future__ import annotations
@@ -50,41 +51,13 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["flash_attention", "flash_attention_backward", "attention_ref", "tile_candidates", "forward_kernel"]
+__all__ = ["flash_attention", "flash_attention_backward", "tile_candidates", "forward_kernel"]
 
 _INTERPRET = triton.knobs.runtime.interpret  # decided when this module is imported, as for @triton.jit
 _MIN_HEAD_DIM, _MAX_HEAD_DIM = 16, 128
 _MAX_GRID_Y = 65535  # CUDA's limit on the grid's second axis, which runs over batch x heads
 _CUDA_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _INTERPRETER_DTYPES = (torch.float32, torch.float64)
-
-
-def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
-                  sm_scale: float | None = None, upcast: bool = True) -> torch.Tensor:
-    r"""Attention in plain PyTorch, materialising the scores: the kernel's reference.
-
-    .. math:: O = \mathrm{softmax}\big(s\,QK^\top + M\big)\,V, \quad s = 1/\sqrt{D} \text{ by default}
-
-    Memory traffic: the (B, H, L, L) scores are written, read by the softmax, written again
-    as probabilities and read by the second matmul. ``upcast=True`` computes in float32
-    (float64 stays float64) and returns the input dtype: the accuracy yardstick for
-    fp16/bf16; ``upcast=False`` computes in the input dtype, the error plain PyTorch makes.
-
-    Shapes: q (B, H, L, D); k, v (B, H_kv, L, D) with H % H_kv == 0 -> (B, H, L, D).
-    """
-    dtype = q.dtype
-    if upcast and dtype != torch.float64:
-        q, k, v = q.float(), k.float(), v.float()
-    n_rep = q.shape[1] // k.shape[1]
-    k = k.repeat_interleave(n_rep, dim=1)  # (B, H_kv, L, D) -> (B, H, L, D): head h reads h // n_rep
-    v = v.repeat_interleave(n_rep, dim=1)  # (B, H_kv, L, D) -> (B, H, L, D)
-    scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else sm_scale
-    scores = (q @ k.transpose(-2, -1)) * scale  # (B, H, L, D) @ (B, H, D, L) -> (B, H, L, L)
-    if causal:
-        L = q.shape[-2]
-        future = torch.ones(L, L, dtype=torch.bool, device=q.device).triu(1)  # (L, L), True above the diagonal
-        scores = scores.masked_fill(future, float("-inf"))
-    return (torch.softmax(scores, dim=-1) @ v).to(dtype)  # (B, H, L, L) @ (B, H, L, D) -> (B, H, L, D)
 
 
 # Tile candidates (BLOCK_M, BLOCK_N, num_warps, num_stages), timed once per (head size, causal,
