@@ -99,27 +99,17 @@ def _numpy_forwards(layer: MultiHeadAttention, layer32: MultiHeadAttention) -> d
     }
 
 
-def _torch_module(layer, backend: str):
-    """``mha_lab.cuda.MultiHeadAttention`` holding the NumPy layer's weights; ``backend`` "eager" or "sdpa"."""
-    from mha_lab.cuda import MultiHeadAttention as TorchMultiHeadAttention
-
-    return TorchMultiHeadAttention.from_numpy(layer, backend=backend)
-
-
-def _torch_nn_mha(layer: MultiHeadAttention) -> Callable[[object], object]:
-    from mha_lab.cuda.attention import torch_multihead_attention
-
-    mha = torch_multihead_attention(layer).eval()
-    return lambda x: mha(x, x, x, need_weights=False)[0]
-
-
-def _torch_forwards(layer) -> dict[tuple[str, str], tuple]:
+def _torch_forwards(layer: MultiHeadAttention) -> dict[tuple[str, str], tuple]:
     if _torch() is None:
         return {}
+    from mha_lab.cuda.attention import MultiHeadAttention as TorchMHA
+    from mha_lab.cuda.attention import torch_multihead_attention
+
+    nn_mha = torch_multihead_attention(layer).eval()
     return {
-        ("torch eager", "float64"): (_torch_module(layer, "eager"), "torch", True),
-        ("torch SDPA", "float64"): (_torch_module(layer, "sdpa"), "torch", False),
-        ("torch nn.MultiheadAttention", "float64"): (_torch_nn_mha(layer), "torch", False),
+        ("torch eager", "float64"): (TorchMHA.from_numpy(layer, backend="eager"), "torch", True),
+        ("torch SDPA", "float64"): (TorchMHA.from_numpy(layer, backend="sdpa"), "torch", False),
+        ("torch nn.MultiheadAttention", "float64"): (lambda x: nn_mha(x, x, x, need_weights=False)[0], "torch", False),
     }
 
 
@@ -330,11 +320,14 @@ class _Shape:
         calls = {("numpy backward", "float64"): numpy_step}
         torch = _torch()
         if torch is not None:
+            from mha_lab.cuda.attention import MultiHeadAttention as TorchMHA
+
             g = torch.from_numpy(grad_out)
             for backend in ("eager", "sdpa"):
                 if backend == "eager" and self.score_bytes > MAX_SCORE_BYTES:
                     continue
-                module, x = _torch_module(layer, backend), torch.from_numpy(self.X).requires_grad_()
+                module = TorchMHA.from_numpy(layer, backend=backend)
+                x = torch.from_numpy(self.X).requires_grad_()
 
                 def torch_step(module: torch.nn.Module = module, x: torch.Tensor = x) -> tuple:
                     x.grad = None
