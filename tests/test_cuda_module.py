@@ -17,8 +17,9 @@ torch = pytest.importorskip("torch")
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from mha_lab.cpu import GroupedQueryAttention, create_causal_mask  # noqa: E402
+from mha_lab.cpu import GroupedQueryAttention, create_causal_mask, repeat_kv, scaled_dot_product_attention  # noqa: E402
 from mha_lab.cuda import BACKENDS, MultiHeadAttention  # noqa: E402
+from mha_lab.cuda.attention import attention_ref  # noqa: E402
 from mha_lab.testing import assert_close  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -249,6 +250,20 @@ def test_importing_the_package_does_not_import_triton_or_touch_cuda():
             "else []; print(bad); sys.exit(bool(bad))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("h_kv", [4, 2, 1])
+def test_the_numpy_and_pytorch_cores_agree(h_kv):
+    """One formula, two array libraries: cpu's scaled_dot_product_attention and cuda's attention_ref."""
+    rng = np.random.default_rng(h_kv)
+    q = rng.standard_normal((2, 4, 7, 8))  # (B, h, L, d_k)
+    k, v = (rng.standard_normal((2, h_kv, 7, 8)) for _ in range(2))  # (B, h_kv, L, d_k)
+    mask = create_causal_mask(7)  # (1, 1, L, L), additive
+    expected, _ = scaled_dot_product_attention(q, repeat_kv(k, 4 // h_kv), repeat_kv(v, 4 // h_kv), mask)
+    q, k, v = (torch.from_numpy(t) for t in (q, k, v))
+    assert_close(attention_ref(q, k, v, causal=True).numpy(), expected)
+    assert_close(attention_ref(q, k, v, mask=torch.from_numpy(mask)).numpy(), expected)
+    assert_close(attention_ref(q, k, v, mask=torch.from_numpy(mask) == 0).numpy(), expected)  # True = may attend
 
 
 # --- the GPU benchmark's arithmetic (runs anywhere) -------------------------------------------------------------
