@@ -7,7 +7,8 @@ release (or than its honest part earns), its processes never hold more memory th
 no file outside the sandbox's scratch changed (the course, and this repository's mha_lab/,
 tests/hidden/, solutions/ and assignments/), none of its processes survive (each carries a marker in its environment
 or argv), the loopback listener received nothing, and no feedback shows a hidden check, a solution or
-a classmate's work. Whatever an attack writes into this repository is put back afterwards.
+a classmate's work. Whatever an attack writes into this repository (a file holding or naming its marker)
+is put back afterwards.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import nbformat
 import pytest
 
 from mha_lab import classroom
@@ -181,17 +183,13 @@ def _backup() -> dict[Path, bytes]:
             if p.is_file() and "__pycache__" not in p.parts}
 
 
-def _restore(backup: dict[Path, bytes]) -> None:
-    """Put this repository's protected folders back as they were before the batch."""
-    for root in PROTECTED:
-        for p in sorted((REPO / root).rglob("*"), reverse=True):
-            if "__pycache__" in p.parts or p in backup:
-                continue
-            if p.is_file() or p.is_symlink():
-                p.unlink()
-    for p, data in backup.items():
-        if not p.is_file() or p.read_bytes() != data:
-            p.write_bytes(data)
+def _restore(backup: dict[Path, bytes], written: list[str]) -> None:
+    """Undo what attacks wrote into this repository (files that name or hold a marker); nothing else is touched."""
+    for p in map(Path, written):
+        if p in backup:
+            p.write_bytes(backup[p])
+        elif p.is_relative_to(REPO) and (p.is_file() or p.is_symlink()):
+            p.unlink()
 
 
 def _processes() -> dict[int, tuple[bytes, bytes, str]]:
@@ -284,6 +282,15 @@ class Batch:
         folder = self.course / "feedback" / student / self.assignment
         return "".join(_text(p) for p in sorted(folder.glob("*.html"))) if folder.is_dir() else ""
 
+    def submitted(self, student: str) -> str:
+        """The code cells of the student's own notebook ('' when it is not a readable notebook)."""
+        try:
+            nb = nbformat.read(self.course / "submitted" / student / self.assignment / f"{self.assignment}.ipynb",
+                               as_version=4)
+        except Exception:  # noqa: BLE001 - a hostile notebook may be no notebook at all
+            return ""
+        return "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+
     def where(self) -> str:
         return f"{self.assignment} batch ({self.wall:.0f} s, exit {self.returncode}); log tail:\n{self.log[-3000:]}"
 
@@ -334,11 +341,11 @@ def grade_batch(root: Path, assignment: str) -> Batch:
             _kill(lines)
         batch.changed = _changes(before, _snapshot(course))
         batch.written = {s: _containing(m, batch.changed) for s, m in markers.items()}
+        _restore(backup, [p for paths in batch.written.values() for p in paths])
         batch.planted = {s: _planted(m) for s, m in markers.items()}
     finally:
         peaks = watch.stop()
         listener.close()
-        _restore(backup)
         for paths in batch.planted.values():
             for p in paths:
                 p.unlink(missing_ok=True)
@@ -422,10 +429,10 @@ def test_no_feedback_shows_hidden_checks_solutions_or_peers(batches, assignment)
                                                   if c.metadata.get("nbgrader", {}).get("solution")))
                if ln not in handed_out}
     for name, s in batch.students.items():
-        text = batch.feedback(name)
-        assert not [ln for ln in hidden if ln in text], f"{name}'s feedback shows lines of tests/hidden/"
+        text, own = batch.feedback(name), batch.submitted(name)  # a student may see what it wrote itself
+        assert not [ln for ln in hidden if ln in text and ln not in own], f"{name}'s feedback shows tests/hidden/"
         if s.kind in ("blank", "hostile"):  # the others hand in (most of) the solution themselves
-            assert not [ln for ln in answers if ln in text], f"{name}'s feedback shows the solution"
+            assert not [ln for ln in answers if ln in text and ln not in own], f"{name}'s feedback shows the solution"
         peers = [secret for peer, secret in batch.secrets.items() if peer != name]
         assert not [p for p in peers if p in text], f"{name}'s feedback shows a classmate's notebook"
 
