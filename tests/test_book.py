@@ -360,7 +360,7 @@ def test_listings_shown_on_a_page_fit_the_column():
     for md in sorted(BOOK.glob("*.md")):
         text = md.read_text()
         folded = [m.span() for m in re.finditer(r"^````\{dropdown\}.*?^````", text, re.M | re.S)]
-        for m in re.finditer(r"^```\{literalinclude\} (\S+)\n((?::\w+:.*\n)*)", text, re.M):
+        for m in re.finditer(r"^```\{(?:literalinclude|graded-listing)\} (\S+)\n((?::\w+:.*\n)*)", text, re.M):
             obj = re.search(r":pyobject:\s*(\S+)", m.group(2))
             if not obj or any(a <= m.start() < b for a, b in folded):
                 continue

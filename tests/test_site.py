@@ -86,7 +86,8 @@ LAYOUT_REPORT_JS = r"""
       .map(t => t.split('\n').find(l => /\b(glue|Markdown)\(/.test(l)).trim().slice(0, 80)),
     // layout at this width: blocks and tables that do not fit their column
     wideBlocks: [...article.querySelectorAll('pre')]
-      .filter(e => e.getClientRects().length && e.scrollWidth > e.clientWidth + 1)  // shown, and too wide
+      .filter(e => !e.closest('details:not([open])') && e.getClientRects().length)  // shown, not folded
+      .filter(e => e.scrollWidth > e.clientWidth + 1)
       .map(e => `${e.scrollWidth - e.clientWidth} px too wide: ${e.textContent.split('\n')
         .reduce((a, b) => b.length > a.length ? b : a, '').trim().slice(0, 60)}`),
     wideTables: [...article.querySelectorAll('table')].filter(t => {
