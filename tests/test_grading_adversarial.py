@@ -437,20 +437,29 @@ def test_no_feedback_shows_hidden_checks_solutions_or_peers(batches, assignment)
         assert not [p for p in peers if p in text], f"{name}'s feedback shows a classmate's notebook"
 
 
-@pytest.mark.parametrize("attack", ATTACKS, ids=[a.name for a in ATTACKS])
+# Attacks that still win points, and why. Each stays a strict xfail: the day it is stopped, the test says so.
+KNOWN_HOLES = {
+    "ps3_forged_peak": "ps3's memory checks measure peak memory with tracemalloc inside the student's own "
+                       "process, which its code can reset; the peak must be measured from outside the sandbox",
+}
+CASES = [pytest.param(a, id=a.name, marks=[pytest.mark.xfail(strict=True, reason=KNOWN_HOLES[a.name])]
+                      if a.name in KNOWN_HOLES else []) for a in ATTACKS]
+
+
+@pytest.mark.parametrize("attack", CASES)
 def test_attack_is_contained(batches, attack):
-    """Everything this attack could have done, checked for this attack alone."""
+    """Everything this attack could have done, checked for this attack alone; its score last."""
     batch = batches(attack.assignment)
     student = f"attack-{attack.name}"
     marker = batch.markers[student]
     assert batch.finished, f"{attack.name}: the batch did not finish; {batch.where()}"
-    score, _ = _score(batch, student)
-    deserved = batch.students[student].expected  # the blank release's 0, or what its honest part earns
-    assert score <= deserved, f"{attack.name} ({attack.summary}) scored {score} in the CSV; it deserves {deserved}"
-    assert batch.gradebook.get(student, (0.0, 0.0))[0] <= deserved, f"{attack.name} scored more in gradebook.db"
     held = batch.memory[student]
     assert held <= MEMORY + 2**26, f"{attack.name}: its processes held {held / 2**30:.1f} GiB at once, over the cap"
     assert not batch.survivors[student], f"{attack.name}: processes alive after the batch: {batch.survivors[student]}"
     assert not [r for r in batch.received if marker.encode() in r], f"{attack.name} reached the loopback listener"
     assert not batch.planted[student], f"{attack.name} left files behind: {batch.planted[student]}"
     assert not batch.written[student], f"{attack.name} wrote outside its scratch: {batch.written[student]}"
+    score, _ = _score(batch, student)
+    deserved = batch.students[student].expected  # the blank release's 0, or what its honest part earns
+    assert score <= deserved, f"{attack.name} ({attack.summary}) scored {score} in the CSV; it deserves {deserved}"
+    assert batch.gradebook.get(student, (0.0, 0.0))[0] <= deserved, f"{attack.name} scored more in gradebook.db"

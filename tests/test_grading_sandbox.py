@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import mha_lab
-from mha_lab.grading.sandbox import GiB, Limits
+from mha_lab.grading.sandbox import GiB, Limits, memory_group, release
 from mha_lab.grading.worker import Worker, decode, encode
 
 REPO = Path(mha_lab.__file__).resolve().parents[1]
@@ -101,3 +101,37 @@ def test_a_worker_that_hangs_is_stopped_at_its_deadline(tmp_path):
             worker.request({"op": "run", "cells": []})
     finally:
         worker.close()
+
+
+SPREAD = """
+import os, time
+import numpy as np
+children = []
+for _ in range(3):  # 3 x 600 MiB, each under the per-process cap, 1.8 GiB together
+    pid = os.fork()
+    if pid == 0:
+        block = np.ones(600 * 2**20 // 8)  # written, so resident
+        time.sleep(3)
+        os._exit(0)
+    children.append(pid)
+held = sum(os.waitpid(pid, 0)[1] == 0 for pid in children)
+print(held)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_processes_share_one_memory_cap(tmp_path):
+    probe = memory_group(GiB)
+    release(probe)
+    if probe is None:
+        pytest.skip("this grader may not make a memory cgroup (not root, or no cgroup v1 memory controller): "
+                    "each process is capped alone")
+    worker = Worker(tmp_path, Limits(memory=GiB, processes=16, seconds=60))
+    group = worker.proc.memory_group
+    try:
+        reply = worker.request({"op": "run", "cells": [SPREAD]})
+        held = int(reply["outputs"][0][0]["text"])
+    finally:
+        worker.close()
+    assert held <= 1, f"{held} processes held 600 MiB each at once under a 1 GiB cap"
+    assert not group.exists(), "the memory group outlived its sandbox"

@@ -5,7 +5,9 @@ the sandbox), a read-only view of the interpreter, its site-packages and the ``m
 and one writable directory, ``/scratch`` (a size-capped tmpfs the worker fills with a copy of the
 submission). Nothing else of the host is visible: not ``tests/hidden``, ``solutions``, the
 gradebook, other students' work or any home directory. The code runs as a non-root uid of its
-own, under caps on memory (RLIMIT_DATA), processes (RLIMIT_NPROC) and file size.
+own, under caps on memory, processes (RLIMIT_NPROC) and file size. Memory is capped for the whole
+sandbox by a memory cgroup where the grader may make one (root, cgroup v1), so that many processes
+cannot add up past the cap; RLIMIT_DATA caps each process everywhere.
 """
 
 from __future__ import annotations
@@ -18,12 +20,14 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import mha_lab
 
-__all__ = ["PYTHON", "Limits", "SandboxError", "bwrap", "check", "private_copy", "start", "enter"]
+__all__ = ["PYTHON", "Limits", "SandboxError", "bwrap", "check", "private_copy", "start", "enter", "memory_group",
+           "release"]
 
 GiB = 2**30
 PYTHON = str(Path(sys.prefix).resolve() / "bin" / Path(sys.executable).name)  # as the sandbox sees it
@@ -92,8 +96,40 @@ def command(argv: list[str], submission: Path, limits: Limits, uid: int) -> list
             "--setenv", "MHA_LAB_SANDBOX_UID", str(uid), "--", *argv]
 
 
-def _limit(limits: Limits) -> None:
+def memory_group(limit: int) -> Path | None:
+    """A new cgroup (v1 memory controller) below this process's own, capped at ``limit`` bytes for all
+    its processes together; None where this process may not make one."""
+    lines = Path("/proc/self/cgroup").read_text().splitlines() if sys.platform == "linux" else []
+    own = next((line.split(":", 2)[2] for line in lines if line.split(":")[1:2] == ["memory"]), None)
+    if own is None:
+        return None
+    group = Path("/sys/fs/cgroup/memory", own.lstrip("/"), f"mha_lab_{os.getpid()}_{time.monotonic_ns()}")
+    try:
+        group.mkdir()
+        (group / "memory.limit_in_bytes").write_text(str(limit))
+    except OSError:
+        if group.is_dir():
+            group.rmdir()
+        return None
+    return group
+
+
+def release(group: Path | None) -> None:
+    """Remove a memory group once its processes have gone (the kernel may take a moment to let go)."""
+    for _ in range(50) if group is not None else ():
+        try:
+            group.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.02)
+
+
+def _limit(limits: Limits, group: Path | None = None) -> None:
     """Runs in the child before bwrap: caps that the sandbox inherits, and death with the grader."""
+    if group is not None:
+        (group / "cgroup.procs").write_text(str(os.getpid()))  # bwrap and everything it starts
     resource.setrlimit(resource.RLIMIT_DATA, (limits.memory, limits.memory))
     resource.setrlimit(resource.RLIMIT_FSIZE, (limits.scratch, limits.scratch))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
@@ -120,7 +156,8 @@ def start(argv: list[str], submission: Path, limits: Limits, *, unsafe: bool = F
     """Start ``argv`` (a Python command) in a sandbox that sees ``submission`` (a ``private_copy``)
     read-only; stdin and stdout are pipes to it.
 
-    The sandbox runs as uid ``200000 + this process's id`` when the grader is root (so that the
+    Its processes share one memory cap where a ``memory_group`` can be made. The sandbox runs as uid
+    ``200000 + this process's id`` when the grader is root (so that the
     process cap counts this sandbox only), else as the grader's own uid in a user namespace.
     ``unsafe`` runs it unconfined, in the copy itself, for machines without a sandbox.
     """
@@ -129,8 +166,11 @@ def start(argv: list[str], submission: Path, limits: Limits, *, unsafe: bool = F
                                 cwd=submission, env={**os.environ, "MHA_LAB_SANDBOX_UID": "", "MPLBACKEND": "Agg"},
                                 preexec_fn=lambda: _limit(limits))
     uid = 200_000 + os.getpid() if os.getuid() == 0 else os.getuid()
-    return subprocess.Popen(command(argv, submission, limits, uid), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, preexec_fn=lambda: _limit(limits))
+    group = memory_group(limits.memory)
+    proc = subprocess.Popen(command(argv, submission, limits, uid), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, preexec_fn=lambda: _limit(limits, group))
+    proc.memory_group = group  # removed by ``release`` once the sandbox has gone
+    return proc
 
 
 def enter(limits_processes: int) -> None:

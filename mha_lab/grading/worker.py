@@ -240,6 +240,7 @@ class Worker:
         for pipe in (self.proc.stdin, self.proc.stdout):
             with contextlib.suppress(OSError):
                 pipe.close()
+        sandbox.release(getattr(self.proc, "memory_group", None))
         shutil.rmtree(self.copy, ignore_errors=True)
 
 
