@@ -16,7 +16,7 @@ from mha_lab.analysis import (
     kv_cache_bytes,
     memory_breakdown,
 )
-from mha_lab.cpu import GroupedQueryAttention
+from mha_lab.cpu import GroupedQueryAttention, MultiHeadAttention
 
 
 @pytest.mark.parametrize("h_kv", [8, 2])
@@ -180,3 +180,39 @@ def test_matmul_flops_equal_the_ones_torch_counts(n_kv_heads):
 
     assert forward_count.get_total_flops() == matmuls(flops_breakdown(B, L, d, h, n_kv_heads=n_kv_heads))
     assert backward_count.get_total_flops() == matmuls(backward_flops_breakdown(B, L, d, h, n_kv_heads=n_kv_heads))
+
+
+class _Counted(np.ndarray):
+    """An array that logs the per-element operations done on it: each elementwise ufunc call (a
+    reduction included) costs one per element of its largest operand, an ``einsum`` product with a
+    sum two (a multiply and an add); matrix products are left out."""
+
+    log: list[tuple[str, int]] = []
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        args = [np.asarray(a) if isinstance(a, _Counted) else a for a in inputs]
+        if "out" in kwargs:
+            kwargs["out"] = tuple(np.asarray(o) if isinstance(o, _Counted) else o for o in kwargs["out"])
+        if ufunc is not np.matmul:
+            _Counted.log.append((ufunc.__name__, max(np.size(a) for a in args)))
+        result = getattr(ufunc, method)(*args, **kwargs)
+        return result.view(_Counted) if isinstance(result, np.ndarray) and result.ndim else result
+
+    def __array_function__(self, func, types, args, kwargs):
+        args = tuple(np.asarray(a) if isinstance(a, _Counted) else a for a in args)
+        if func is np.einsum:
+            _Counted.log.append(("einsum", 2 * max(np.size(a) for a in args if isinstance(a, np.ndarray))))
+        result = func(*args, **kwargs)
+        return result.view(_Counted) if isinstance(result, np.ndarray) and result.ndim else result
+
+
+def test_backward_softmax_flops_match_the_operations_the_layer_does():
+    """The softmax component of backward_flops_breakdown, against the per-score operations counted
+    while the NumPy layer's backward runs (full attention: the layer skips no masked block)."""
+    B, L, d, h = 3, 7, 12, 3
+    layer = MultiHeadAttention(d_model=d, num_heads=h, seed=0)
+    layer.forward(np.random.default_rng(0).normal(size=(B, L, d)).view(_Counted))
+    _Counted.log.clear()
+    layer.backward(np.ones((B, L, d)).view(_Counted))
+    on_scores = sum(n for _, n in _Counted.log if n in (B * h * L * L, 2 * B * h * L * L))
+    assert on_scores == backward_flops_breakdown(B, L, d, h)["softmax"] == 5 * B * h * L * L
