@@ -21,14 +21,17 @@ $(STAMP): requirements.txt pyproject.toml
 
 # Chapters are MyST notebooks; their .ipynb twins (for Colab/Binder) are regenerated first, or only checked in CI.
 # Execution is "cache" per _config.yml; with CI set, a copy of the config switches it to "force".
+# Jupyter Book resolves local_extensions' paths from the config's folder, so the copy names them from the root.
 book: $(STAMP) student-pack
 	$(BIN)/python tests/test_book.py $${CI:+--check}
 	mkdir -p _build
 	config=_config.yml; \
 	if [ -n "$${CI:-}" ]; then \
 	  config=_build/_config.ci.yml; \
-	  sed 's/^  execute_notebooks: cache /  execute_notebooks: force /' _config.yml > $$config; \
+	  sed -e 's/^  execute_notebooks: cache /  execute_notebooks: force /' \
+	      -e 's|^\(    [a-z_]*\): book/_ext|\1: $(CURDIR)/book/_ext|' _config.yml > $$config; \
 	  grep -q '^  execute_notebooks: force ' $$config || { echo "could not switch execution to force" >&2; exit 1; }; \
+	  grep -q ': $(CURDIR)/book/_ext' $$config || { echo "could not point local_extensions at book/_ext" >&2; exit 1; }; \
 	fi; \
 	$(BIN)/jupyter-book build . --config $$config
 
