@@ -437,16 +437,7 @@ def test_no_feedback_shows_hidden_checks_solutions_or_peers(batches, assignment)
         assert not [p for p in peers if p in text], f"{name}'s feedback shows a classmate's notebook"
 
 
-# Attacks that still win points, and why. Each stays a strict xfail: the day it is stopped, the test says so.
-KNOWN_HOLES = {
-    "ps3_forged_peak": "ps3's memory checks measure peak memory with tracemalloc inside the student's own "
-                       "process, which its code can reset; the peak must be measured from outside the sandbox",
-}
-CASES = [pytest.param(a, id=a.name, marks=[pytest.mark.xfail(strict=True, reason=KNOWN_HOLES[a.name])]
-                      if a.name in KNOWN_HOLES else []) for a in ATTACKS]
-
-
-@pytest.mark.parametrize("attack", CASES)
+@pytest.mark.parametrize("attack", ATTACKS, ids=lambda a: a.name)
 def test_attack_is_contained(batches, attack):
     """Everything this attack could have done, checked for this attack alone; its score last."""
     batch = batches(attack.assignment)

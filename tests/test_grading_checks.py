@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+import json
 import sys
 import textwrap
 from pathlib import Path
@@ -12,7 +14,7 @@ import pytest
 import mha_lab.cpu
 from mha_lab.grading import checks, judge, run_hidden_checks
 from mha_lab.grading.judge import HIDDEN_DIR_ENV
-from mha_lab.grading.worker import decode, encode
+from mha_lab.grading.worker import decode, encode, frame, unframe
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -260,26 +262,45 @@ def test_hidden_modules_load_from_their_path_every_time(hidden_dir):
 # --- the worker codec and mutants ---------------------------------------------------------------
 
 
+def _round_trip(value):
+    """``value`` framed as the worker sends it, then read back."""
+    arrays = []
+    message, back = unframe(*[bytearray(b"".join(p)) for p in _split(frame({"v": encode(value, arrays)}, arrays))])
+    return decode(message["v"], back)
+
+
+def _split(parts):
+    return parts[:1], parts[1:]
+
+
 def test_codec_round_trips_and_never_unpickles():
-    value = (np.arange(6.0).reshape(2, 3), [np.float32(1.5), 3, None, "s"], {"k": np.int64(7)})
-    back = decode(encode(value))
+    value = (np.arange(6.0).reshape(2, 3), [np.float32(1.5), 3, None, "s"], {"k": np.int64(7)},
+             np.asfortranarray(np.arange(6).reshape(2, 3)), np.arange(10)[::3], np.zeros((0, 4), np.float32))
+    back = _round_trip(value)
     assert np.array_equal(back[0], value[0]) and back[1][0] == np.float32(1.5) and type(back[1][0]) is np.float32
     assert back[1][1:] == [3, None, "s"] and back[2] == {"k": 7}
+    assert all(np.array_equal(b, v) and b.dtype == v.dtype for b, v in zip(back[3:], value[3:], strict=True))
+    back[0][0, 0] = 7.0  # the receiver's arrays are its own to change
     with pytest.raises(ValueError, match="pickle"):
-        encode(np.array([object()]))
-    assert decode(encode(object())).startswith("<unsupported")
+        encode(np.array([object()]), [])
+    assert _round_trip(object()).startswith("<unsupported")
+    head = io.BytesIO()  # what a hostile worker could send: an array of Python objects
+    np.lib.format.write_array_header_2_0(head, {"descr": "|O", "fortran_order": False, "shape": (1,)})
+    forged = head.getvalue() + bytes(8)
+    with pytest.raises(ValueError, match="pickles"):
+        unframe(json.dumps({"sizes": [len(forged)]}).encode(), bytearray(forged))
 
 
 def test_codec_keeps_shared_arrays_shared_and_sends_numpy_functions_by_name():
     from mha_lab.grading.checks import SmoothLoss
 
     x = np.arange(4.0)
-    f, x_back, std = decode(encode(((SmoothLoss(x), x, np.std), {})))[0]
+    f, x_back, std = _round_trip(((SmoothLoss(x), x, np.std), {}))[0]
     assert x_back is f.x, "the loss must read the very array the student perturbs"
     x_back[0] = 10.0
     assert f() == SmoothLoss(x_back)() and std is np.std
-    assert decode({"__numpy__": "not_a_numpy_function"}).startswith("<unsupported")
-    assert decode({"__numpy__": "save"}).startswith("<unsupported"), "only pure reductions and ufuncs cross"
+    assert decode({"__numpy__": "not_a_numpy_function"}, []).startswith("<unsupported")
+    assert decode({"__numpy__": "save"}, []).startswith("<unsupported"), "only pure reductions and ufuncs cross"
 
 
 def test_mutant_applies_once_or_refuses():

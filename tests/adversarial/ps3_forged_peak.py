@@ -9,8 +9,8 @@ never those of the memory checks.
 ASSIGNMENT = "ps3_memory_efficient"
 EVERY_ANSWER_CELL = True
 DESERVES = ("measure_peak_values", "head_by_head_forward_shape", "head_by_head_forward_values",
-            "head_by_head_forward_mask", "chunked_attention_shape", "chunked_attention_values",
-            "chunked_attention_causal", "chunked_attention_stability")
+            "head_by_head_forward_mask", "head_by_head_forward_stability", "chunked_attention_shape",
+            "chunked_attention_values", "chunked_attention_causal", "chunked_attention_stability")
 
 
 def cell(marker, port, course, repo, protect):
