@@ -17,81 +17,30 @@ from __future__ import annotations
 
 import numpy as np
 
+from mha_lab import kv_cache
+from mha_lab.cpu.attention import GroupedQueryAttention
 from mha_lab.cpu.functional import check_rank, create_causal_mask, scaled_dot_product_attention
 
 __all__ = ["KVCache", "prefill", "decode_step"]
 
 
-class KVCache:
-    """Keys and values of one attention layer: two (B, h_kv, capacity, d_k) buffers, allocated once.
-
-    Without a ``window`` the cache holds ``max_len`` positions, and appending to a full cache
-    raises ValueError. With a sliding ``window`` W (Mistral's) it is a rolling buffer of W
-    slots: position p lives in slot ``p % W``, so each new token **evicts** the token W
-    positions back, which the window no longer lets anyone see. Give exactly one of the two.
-
-    ``length`` counts the positions written so far; ``keys`` and ``values`` are views of the
-    filled slots, in slot order (attention does not depend on the order of the keys).
-    """
+class KVCache(kv_cache.KVCache):
+    """A ``mha_lab.kv_cache.KVCache`` of NumPy arrays (float64 unless ``dtype`` says otherwise)."""
 
     def __init__(self, batch_size: int, num_kv_heads: int, head_dim: int, max_len: int | None = None,
-                 window: int | None = None, dtype=np.float64) -> None:
-        if (max_len is None) == (window is None):
-            raise ValueError("give max_len (a full cache raises) or window (a rolling buffer that evicts), "
-                             f"exactly one of them; got max_len={max_len}, window={window}")
-        for name, n in (("batch_size", batch_size), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim),
-                        ("max_len", max_len), ("window", window)):
-            if n is not None and n < 1:
-                raise ValueError(f"{name} must be at least 1, got {n}")
-        self.max_len, self.window = max_len, window
-        self.capacity = window if window is not None else max_len
-        shape = (batch_size, num_kv_heads, self.capacity, head_dim)  # (B, h_kv, capacity, d_k)
-        self.k = np.zeros(shape, dtype=dtype)
-        self.v = np.zeros(shape, dtype=dtype)
-        self.length = 0
+                 window: int | None = None, dtype: np.dtype | type = np.float64) -> None:
+        super().__init__(batch_size, num_kv_heads, head_dim, max_len, window, dtype=dtype)
+
+    zeros = staticmethod(np.zeros)
 
     @classmethod
-    def for_layer(cls, layer, batch_size: int, max_len: int | None = None, window: int | None = None) -> KVCache:
+    def for_layer(cls, layer: GroupedQueryAttention, batch_size: int, max_len: int | None = None,
+                  window: int | None = None) -> KVCache:
         """An empty cache shaped for ``layer``'s key/value heads, head size and dtype."""
         return cls(batch_size, layer.num_kv_heads, layer.d_k, max_len=max_len, window=window, dtype=layer.dtype)
 
-    @property
-    def nbytes(self) -> int:
-        """Bytes allocated for K and V: ``2 * B * h_kv * capacity * d_k * itemsize``."""
-        return self.k.nbytes + self.v.nbytes
 
-    @property
-    def keys(self) -> np.ndarray:
-        """(B, h_kv, n, d_k) view of the n = min(length, capacity) filled slots."""
-        return self.k[:, :, : min(self.length, self.capacity)]
-
-    @property
-    def values(self) -> np.ndarray:
-        """(B, h_kv, n, d_k) view of the filled slots, paired with ``keys``."""
-        return self.v[:, :, : min(self.length, self.capacity)]
-
-    def append(self, k: np.ndarray, v: np.ndarray) -> None:
-        """Write the keys and values of n new positions, each (B, h_kv, n, d_k).
-
-        Raises ValueError when a cache without a window has no room for them. A windowed
-        cache keeps the last W and overwrites (evicts) the oldest.
-        """
-        check_rank("k", k, 4, "(B, h_kv, n, d_k)")
-        if k.shape != v.shape or k.shape[:2] + k.shape[3:] != self.k.shape[:2] + self.k.shape[3:]:
-            raise ValueError(f"k and v must both have shape (B, h_kv, n, d_k) = {self.k.shape[:2]} + (n,) + "
-                             f"{self.k.shape[3:]}; got {k.shape} and {v.shape}")
-        n = k.shape[2]
-        if self.window is None and self.length + n > self.max_len:
-            raise ValueError(f"KV cache is full: it holds max_len={self.max_len} positions, {self.length} are "
-                             f"used, and {n} more do not fit; allocate a larger cache or use a window")
-        keep = min(n, self.capacity)  # a windowed prompt longer than W: only its last W are visible later
-        slots = np.arange(self.length + n - keep, self.length + n) % self.capacity
-        self.k[:, :, slots] = k[:, :, n - keep:]
-        self.v[:, :, slots] = v[:, :, n - keep:]
-        self.length += n
-
-
-def _check_layer_and_cache(layer, X: np.ndarray, cache: KVCache) -> None:
+def _check_layer_and_cache(layer: GroupedQueryAttention, X: np.ndarray, cache: KVCache) -> None:
     check_rank("X", X, 3, "(B, L, d_model)")
     if X.shape[-1] != layer.d_model:
         raise ValueError(f"X has d_model={X.shape[-1]} but the layer expects d_model={layer.d_model}")
@@ -102,7 +51,7 @@ def _check_layer_and_cache(layer, X: np.ndarray, cache: KVCache) -> None:
                          "build it with KVCache.for_layer(layer, batch_size, ...)")
 
 
-def prefill(layer, X: np.ndarray, cache: KVCache) -> np.ndarray:
+def prefill(layer: GroupedQueryAttention, X: np.ndarray, cache: KVCache) -> np.ndarray:
     """Run the prompt X (B, L, d_model) causally, store its keys and values; returns (B, L, d_model).
 
     The cache must be empty. With a windowed cache the prompt is masked to the window too.
@@ -118,7 +67,7 @@ def prefill(layer, X: np.ndarray, cache: KVCache) -> np.ndarray:
     return layer.project_out(Z)
 
 
-def decode_step(layer, x: np.ndarray, cache: KVCache) -> np.ndarray:
+def decode_step(layer: GroupedQueryAttention, x: np.ndarray, cache: KVCache) -> np.ndarray:
     """One new token per sequence against the cache.
 
     Shapes: x: (B, 1, d_model) -> (B, 1, d_model).
