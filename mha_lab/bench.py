@@ -29,8 +29,8 @@ from mha_lab.measure import (
     gemm_flops_per_second,
     interleaved_times,
     machine_info,
-    peak_memory,
     torch_peak_memory,
+    traced_memory,
 )
 from mha_lab.tables import markdown_table
 from mha_lab.testing import tolerances
@@ -396,7 +396,7 @@ def run_suite(quick: bool = False, sections: tuple[str, ...] = SECTIONS, progres
             forwards = forwards or shape.forwards()
             for (impl, dtype), call in forwards.items():
                 torch_impl = impl.startswith("torch")
-                peak = torch_peak_memory(call) if torch_impl else peak_memory(call)
+                peak = torch_peak_memory(call) if torch_impl else traced_memory(call)[1]
                 results.rows.append(_row("memory", impl, dtype, B, L, d, h, peak_bytes=peak,
                                          memory_method="torch.profiler" if torch_impl else "tracemalloc"))
             continue

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
-__all__ = ["interleaved_times", "median_time", "peak_memory", "retained_memory", "torch_peak_memory",
+__all__ = ["interleaved_times", "median_time", "traced_memory", "torch_peak_memory",
            "fit_exponent", "gemm_flops_per_second", "read_bytes_per_second", "blas_threads", "machine_info"]
 
 
@@ -55,34 +55,20 @@ def median_time(fn: Callable[[], object], repeat: int = 5, warmup: int = 1) -> f
     return interleaved_times({"fn": fn}, repeat, warmup)["fn"]
 
 
-def peak_memory(fn: Callable[[], object]) -> int:
-    """Peak bytes allocated while ``fn()`` runs, as seen by ``tracemalloc`` (NumPy buffers included).
+def traced_memory(fn: Callable[[], object]) -> tuple[int, int]:
+    """``(retained, peak)`` bytes of ``fn()``, as ``tracemalloc`` sees them (NumPy buffers included).
 
-    The result of ``fn`` is dropped inside the measurement, so only its working memory and
-    output count, not arrays that existed before the call.
+    ``peak`` is the most that was allocated at once while it ran (its working memory and its
+    output, not the arrays that existed before); ``retained`` is what it left allocated once its
+    result was dropped: what it stored elsewhere, like a layer's cache for the backward pass.
     """
     tracemalloc.start()
     try:
         fn()
-        _, peak = tracemalloc.get_traced_memory()
+        retained, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    return int(peak)
-
-
-def retained_memory(fn: Callable[[], object]) -> int:
-    """Bytes that ``fn()`` leaves allocated after it returns and its result is dropped (``tracemalloc``).
-
-    That is what ``fn`` stored elsewhere: a layer's forward, for example, keeps its cache for
-    the backward pass.
-    """
-    tracemalloc.start()
-    try:
-        fn()
-        current, _ = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
-    return int(current)
+    return int(retained), int(peak)
 
 
 @contextlib.contextmanager

@@ -14,7 +14,7 @@ from mha_lab.cpu import (
     repeat_kv,
     scaled_dot_product_attention,
 )
-from mha_lab.measure import peak_memory
+from mha_lab.measure import traced_memory
 from mha_lab.testing import assert_close
 
 
@@ -76,7 +76,7 @@ def test_head_by_head_equals_forward(causal):
 
 
 def peak_bytes(fn, *args, **kwargs) -> int:
-    return peak_memory(lambda: fn(*args, **kwargs))
+    return traced_memory(lambda: fn(*args, **kwargs))[1]
 
 
 @pytest.mark.slow

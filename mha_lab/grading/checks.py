@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from mha_lab.measure import peak_memory
+from mha_lab.measure import traced_memory
 from mha_lab.testing import tolerances
 
 __all__ = ["Submission", "call", "call_with_peak", "call_replacing", "invoke", "run", "reference_use",
@@ -120,7 +120,7 @@ def run(namespace: Mapping[str, Any], name: str, args: tuple, kwargs: dict, *, m
         if not measure:
             return _run(name, fn, args, kwargs), None
         box = []
-        peak = peak_memory(lambda: box.append(_run(name, fn, args, kwargs)))
+        peak = traced_memory(lambda: box.append(_run(name, fn, args, kwargs)))[1]
         return box[0], peak
     finally:
         scope.update(saved)
@@ -267,7 +267,7 @@ def expect_true(condition: bool, *, what: str, hint: str) -> None:
 
 def peak_bytes(fn: Callable, *args: Any, **kwargs: Any) -> int:
     """Peak bytes allocated while ``fn(*args, **kwargs)`` runs (tracemalloc sees NumPy buffers)."""
-    return peak_memory(lambda: fn(*args, **kwargs))
+    return traced_memory(lambda: fn(*args, **kwargs))[1]
 
 
 def expect_within_budget(peak: int, budget: int, *, what: str, hint: str) -> None:

@@ -34,9 +34,8 @@ from mha_lab.cpu import (
 from mha_lab.measure import (
     fit_exponent,
     interleaved_times,
-    peak_memory,
-    retained_memory,
     torch_peak_memory,
+    traced_memory,
 )
 from mha_lab.plots.style import check, legend_outside, new_figure
 from mha_lab.tables import markdown_table
@@ -191,7 +190,7 @@ def peak_memory_vs_length(lengths: Sequence[int] = (128, 256, 512, 1024, 2048), 
     for L in lengths:
         X = rng.normal(size=(batch_size, L, d_model))
         for name, method in methods.items():
-            peaks[name].append(peak_memory(lambda m=method, X=X: m(X)))
+            peaks[name].append(traced_memory(lambda m=method, X=X: m(X))[1])
             layer.clear_cache()  # drop the fused forward's cache before the next measurement
     return peaks
 
@@ -202,8 +201,8 @@ def _step_costs(layer: MultiHeadAttention, X: np.ndarray, G: np.ndarray, block: 
     rows = []
     for name, step in steps.items():
         layer.clear_cache()
-        kept = retained_memory(lambda s=step: s.forward(X))
-        working = peak_memory(lambda s=step: s.backward(G))
+        kept = traced_memory(lambda s=step: s.forward(X))[0]
+        working = traced_memory(lambda s=step: s.backward(G))[1]
         rows.append({"method": name, "L": X.shape[1], "kept": kept, "peak": kept + working})
     def timed(step) -> Callable[[], object]:
         return lambda: (layer.clear_cache(), step.forward(X), step.backward(G))  # each step starts with no cache
@@ -243,7 +242,8 @@ def _core_backward_costs(Q: np.ndarray, K: np.ndarray, V: np.ndarray, dO: np.nda
     scale = 1.0 / np.sqrt(Q.shape[-1])
     calls = {
         "chunked_attention_backward (NumPy)": (
-            lambda: chunked_attention_backward(dO, Q, K, V, O, lse, block_q=block, block_k=block), peak_memory),
+            lambda: chunked_attention_backward(dO, Q, K, V, O, lse, block_q=block, block_k=block),
+            lambda f: traced_memory(f)[1]),
         "flash_attention_backward (PyTorch)": (
             lambda: flash_attention_backward(*t[:5], t[5], False, scale, block_q=block), torch_peak_memory),
     }
