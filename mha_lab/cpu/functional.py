@@ -161,8 +161,7 @@ def scaled_dot_product_attention(
 
     With ``enable_gqa`` (as in PyTorch), Q is (B, h, L_q, d_k) and K, V have h_kv heads,
     (B, h_kv, L_k, d): query head i reads K/V head ``i // (h // h_kv)``, the pairing of
-    ``repeat_kv``, but K and V are never copied: the queries of a group are stacked into
-    the rows of one matrix, which meets its K/V head in one product.
+    ``repeat_kv``, but K and V are never copied (see ``_grouped_attention``).
     """
     for name, t in (("Q", Q), ("K", K), ("V", V)):
         if not isinstance(t, np.ndarray) or t.ndim < 2:
@@ -184,10 +183,13 @@ def scaled_dot_product_attention(
 
 def _grouped_attention(Q: np.ndarray, K: np.ndarray, V: np.ndarray,
                        mask: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-    """The core with the queries of each group stacked as the rows of one matrix.
+    """The core with each K/V head shared by its group of query heads, never copied.
 
-    Each K/V head then meets its whole group in one matrix product and is read once, not
-    once per query head: what makes a decoding step of GQA cheaper than one of MHA.
+    For one token (decoding) the queries of a group are stacked as the rows of one matrix, so
+    each K/V head meets its whole group in one product and is read once, not once per query
+    head: what makes a decoding step of GQA cheaper than one of MHA. For longer queries each
+    query head stays apart and its K/V head is broadcast over the group (stride 0), so that a
+    mask broadcasts too, and is not copied.
     """
     for name, t in (("Q", Q), ("K", K), ("V", V)):
         check_rank(name, t, 4, "(B, heads, L, d) with enable_gqa")
@@ -201,10 +203,13 @@ def _grouped_attention(Q: np.ndarray, K: np.ndarray, V: np.ndarray,
     if mask is not None:
         check_mask(mask, (B, h, L_q, L_k))
         mask = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)  # -> (b, h or 1, L_q or 1, L_k or 1)
-        # (b, h, L_q, L_k) -> (b, h_kv, n_rep * L_q, L_k); a copy only over the axes it must fill
-        mask = np.broadcast_to(mask, (mask.shape[0], h, L_q, L_k)).reshape(-1, h_kv, n_rep * L_q, L_k)
-    # (B, h, L_q, d_k) -> (B, h_kv, n_rep * L_q, d_k): a view when L_q == 1 (decoding)
-    Q = Q.reshape(B, h_kv, n_rep * L_q, d_k)
-    out, weights = scaled_dot_product_attention(Q, K, V, mask)  # (B, h_kv, n_rep * L_q, .)
-    # (B, h_kv, n_rep * L_q, .) -> (B, h, L_q, .): both are fresh arrays, so these are views
+        groups = (h_kv, n_rep) if mask.shape[1] == h else (1, 1)
+        mask = mask.reshape(mask.shape[0], *groups, *mask.shape[2:])  # -> (b, h_kv or 1, n_rep or 1, L_q, L_k)
+    if L_q == 1:  # (B, h, 1, d_k) -> (B, h_kv, n_rep, d_k): the group's queries as rows, a view
+        out, weights = scaled_dot_product_attention(Q.reshape(B, h_kv, n_rep, d_k), K, V,
+                                                    None if mask is None else mask[:, :, :, 0])
+    else:  # (B, h, L_q, d_k) -> (B, h_kv, n_rep, L_q, d_k), a view; K, V -> (B, h_kv, 1, L_k, d)
+        out, weights = scaled_dot_product_attention(Q.reshape(B, h_kv, n_rep, L_q, d_k), K[:, :, None],
+                                                    V[:, :, None], mask)
+    # both are fresh arrays, so these are views: -> (B, h, L_q, d_v), (B, h, L_q, L_k)
     return out.reshape(B, h, L_q, out.shape[-1]), weights.reshape(B, h, L_q, L_k)
