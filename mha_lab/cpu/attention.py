@@ -13,11 +13,9 @@ from __future__ import annotations
 import numpy as np
 
 from mha_lab.cpu.functional import (
-    check_mask,
     check_rank,
     merge_heads,
     scaled_dot_product_attention,
-    softmax,
     softmax_backward,
     split_heads,
 )
@@ -166,24 +164,12 @@ class GroupedQueryAttention(AttentionLayer):
     def forward(self, X: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
         """(B, L, d_model) -> (B, L, d_model); ``mask`` is additive, broadcastable to (B, h, L, L)."""
         X = self.check_input(X)
-        B, L, _ = X.shape
         # 1. project: three fused GEMMs, each split into heads
         Q, K, V = self.project_qkv(X)  # (B, h, L, d_k), (B, h_kv, L, d_k), (B, h_kv, L, d_k)
-        # 2. group the query heads under the K/V head they share; K and V broadcast, never copied
-        Qg = self._group(Q * float(1.0 / np.sqrt(self.d_k)))  # (B, h, L, d_k) -> (B, h_kv, n_rep, L, d_k)
-        Kg, Vg = K[:, :, None], V[:, :, None]  # (B, h_kv, L, d_k) -> (B, h_kv, 1, L, d_k): stride 0 over a group
-        # 3. scores, batched over B and heads; scaling Q (L x d_k) is cheaper than scaling S (L x L)
-        S = Qg @ Kg.swapaxes(-1, -2)  # (B, h_kv, n_rep, L, d_k) @ (B, h_kv, 1, d_k, L) -> (B, h_kv, n_rep, L, L)
-        S = S.reshape(B, self.num_heads, L, L)  # -> (B, h, L, L), a view of the fresh array
-        # 4. mask and softmax, in place
-        if mask is not None:
-            check_mask(mask, S.shape)
-            S += mask
-        A = softmax(S, axis=-1, out=S)  # (B, h, L, L)
-        # 5. weight the values
-        Z = self._group(A) @ Vg  # (B, h_kv, n_rep, L, L) @ (B, h_kv, 1, L, d_k) -> (B, h_kv, n_rep, L, d_k)
+        # 2.-5. scores, mask, softmax, weighted values: each K/V head meets its group of query heads at once
+        Z, A = scaled_dot_product_attention(Q, K, V, mask, enable_gqa=True)  # (B, h, L, d_k), (B, h, L, L)
         # 6. merge heads
-        concat = merge_heads(Z.reshape(B, self.num_heads, L, self.d_k))  # (B, h, L, d_k) -> (B, L, d_model)
+        concat = merge_heads(Z)  # (B, h, L, d_k) -> (B, L, d_model)
         # 7. output projection
         out = self.project(concat, "O")
         self.attention_weights = A
