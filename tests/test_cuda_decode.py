@@ -7,7 +7,8 @@ torch = pytest.importorskip("torch")
 
 from mha_lab.analysis import ModelConfig, kv_cache_bytes  # noqa: E402
 from mha_lab.cuda import MultiHeadAttention  # noqa: E402
-from mha_lab.cuda.decode import KVCache, decode_step, prefill, window_mask  # noqa: E402
+from mha_lab.cuda.attention import causal_mask  # noqa: E402
+from mha_lab.cuda.decode import KVCache, decode_step, prefill  # noqa: E402
 from mha_lab.testing import assert_close  # noqa: E402
 
 D_MODEL, H = 24, 4  # d_k = 6
@@ -62,14 +63,15 @@ def test_sliding_window_decoding_equals_the_windowed_forward(device, layout, pro
     x = torch.randn(2, L, D_MODEL, dtype=torch.float64, generator=torch.Generator().manual_seed(L)).to(device)
     got, cache = generate(layer, x, prompt_len, window=W)
     with torch.no_grad():
-        want = layer(x, attn_mask=window_mask(L, W, device))
+        want = layer(x, attn_mask=causal_mask(L, W, device))
     assert_close(as_numpy(got), as_numpy(want), err_msg=layout)
     assert cache.keys.shape[2] == min(L, W)
 
 
-def test_window_mask_keeps_the_last_w_positions():
+def test_causal_mask_keeps_the_past_and_a_window_its_last_w_positions():
     i, j = np.indices((6, 6))
-    assert np.array_equal(window_mask(6, 3).numpy(), (j <= i) & (i - j < 3))
+    assert np.array_equal(causal_mask(6).numpy(), j <= i)
+    assert np.array_equal(causal_mask(6, 3).numpy(), (j <= i) & (i - j < 3))
 
 
 def test_a_full_cache_raises_and_past_the_window_evicts():

@@ -27,15 +27,16 @@ from torch import nn
 if TYPE_CHECKING:  # the NumPy layer is only named in annotations: cuda never imports cpu
     from mha_lab.cpu import GroupedQueryAttention
 
-__all__ = ["MultiHeadAttention", "BACKENDS", "attention_ref", "torch_multihead_attention"]
+__all__ = ["MultiHeadAttention", "BACKENDS", "attention_ref", "causal_mask", "torch_multihead_attention"]
 
 BACKENDS = ("eager", "sdpa", "triton")
 _NAMES = ("Q", "K", "V", "O")
 
 
-def _future_mask(L: int, device: torch.device) -> torch.Tensor:
-    """(L, L) boolean, True strictly above the diagonal: the keys a causal query may not see."""
-    return torch.ones(L, L, dtype=torch.bool, device=device).triu(1)
+def causal_mask(L: int, window: int | None = None, device: torch.device | str | None = None) -> torch.Tensor:
+    """(L, L) boolean, True where query i may attend to key j: j <= i, and i - j < W with a ``window``."""
+    i, j = torch.arange(L, device=device)[:, None], torch.arange(L, device=device)[None, :]
+    return (j <= i) if window is None else (j <= i) & (i - j < window)
 
 
 def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
@@ -62,7 +63,7 @@ def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
     scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else sm_scale
     scores = (q @ k.transpose(-2, -1)) * scale  # (B, H, L, D) @ (B, H, D, L) -> (B, H, L, L)
     if causal:
-        scores = scores.masked_fill(_future_mask(q.shape[-2], q.device), float("-inf"))
+        scores = scores.masked_fill(~causal_mask(q.shape[-2], device=q.device), float("-inf"))
     if mask is not None and mask.dtype == torch.bool:
         scores = scores.masked_fill(~mask, float("-inf"))  # True = may attend, so fill where False
     elif mask is not None:
@@ -199,8 +200,8 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"attn_mask is on {attn_mask.device} but x is on {x.device}")
         mask = attn_mask if attn_mask.dtype == torch.bool else attn_mask.to(x.dtype)
         if self.causal:
-            future = _future_mask(L, x.device)
-            mask = mask & ~future if mask.dtype == torch.bool else mask.masked_fill(future, float("-inf"))
+            past = causal_mask(L, device=x.device)
+            mask = mask & past if mask.dtype == torch.bool else mask.masked_fill(~past, float("-inf"))
         allowed = mask if mask.dtype == torch.bool else mask != float("-inf")
         if not allowed.any(dim=-1).all():
             raise ValueError("attn_mask leaves a query with no key to attend to (a fully masked row); "

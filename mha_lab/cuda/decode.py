@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from mha_lab import kv_cache
-from mha_lab.cuda.attention import MultiHeadAttention
+from mha_lab.cuda.attention import MultiHeadAttention, causal_mask
 
 __all__ = ["KVCache", "prefill", "decode_step"]
 
@@ -42,14 +42,6 @@ class KVCache(kv_cache.KVCache):
         super().append(*(t.detach() if isinstance(t, torch.Tensor) else t for t in (k, v)))
 
 
-def window_mask(seq_len: int, window: int | None, device: torch.device | str | None = None) -> torch.Tensor:
-    """(L, L) boolean, True where query i may attend to key j: j <= i, and i - j < W with a window."""
-    i = torch.arange(seq_len, device=device)[:, None]
-    j = torch.arange(seq_len, device=device)[None, :]
-    allowed = j <= i
-    return allowed if window is None else allowed & (i - j < window)
-
-
 def _check_layer_and_cache(layer: MultiHeadAttention, x: torch.Tensor, cache: KVCache) -> None:
     if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != layer.d_model:
         raise ValueError(f"x must be a tensor (B, L, d_model={layer.d_model}), got {getattr(x, 'shape', x)}")
@@ -71,7 +63,7 @@ def prefill(layer: MultiHeadAttention, x: torch.Tensor, cache: KVCache) -> torch
         raise ValueError(f"prefill needs an empty cache, this one holds {cache.length} positions; "
                          "continue with decode_step")
     q, k, v = layer.project_qkv(x)  # (B, h, L, d_k), (B, h_kv, L, d_k), (B, h_kv, L, d_k)
-    mask = window_mask(x.shape[1], cache.window, x.device)  # (L, L), True = may attend
+    mask = causal_mask(x.shape[1], cache.window, x.device)  # (L, L), True = may attend
     z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=layer.n_rep > 1)  # (B, h, L, d_k)
     cache.append(k, v)
     return layer.project_out(z)
