@@ -194,8 +194,9 @@ def test_expect_close_names_the_bug_and_the_error():
         checks.expect_close(np.array([1.0, 1.5]), np.ones(2), what="out", hint="transposed")
 
 
-def test_peak_bytes_sees_numpy_buffers_and_the_budget_fails():
-    peak = checks.peak_bytes(lambda n: np.ones(n), 1_000_000)
+def test_a_measured_call_sees_numpy_buffers_and_the_budget_fails():
+    student = checks.Submission({"grab": lambda n: np.ones(n)})
+    _, peak = checks.call_with_peak(student, "grab", 1_000_000)
     assert 8_000_000 <= peak < 9_000_000
     with pytest.raises(AssertionError, match="over the budget"):
         checks.expect_within_budget(peak, 1_000_000, what="forward", hint="full score matrix")

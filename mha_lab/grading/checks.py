@@ -25,7 +25,7 @@ from mha_lab.measure import traced_memory
 from mha_lab.testing import tolerances
 
 __all__ = ["Submission", "call", "call_with_peak", "call_replacing", "invoke", "run", "reference_use",
-           "forbid_reference", "expect_array", "expect_close", "expect_true", "peak_bytes", "expect_within_budget",
+           "forbid_reference", "expect_array", "expect_close", "expect_true", "expect_within_budget",
            "SmoothLoss"]
 
 # The public names of mha_lab (and of torch) that compute attention or its pieces for you.
@@ -263,11 +263,6 @@ def expect_true(condition: bool, *, what: str, hint: str) -> None:
 
 
 # --- memory ----------------------------------------------------------------------------------------
-
-
-def peak_bytes(fn: Callable, *args: Any, **kwargs: Any) -> int:
-    """Peak bytes allocated while ``fn(*args, **kwargs)`` runs (tracemalloc sees NumPy buffers)."""
-    return traced_memory(lambda: fn(*args, **kwargs))[1]
 
 
 def expect_within_budget(peak: int, budget: int, *, what: str, hint: str) -> None:
