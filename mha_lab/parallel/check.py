@@ -70,7 +70,7 @@ def _wrong_shard(tp: TensorParallelAttention, layer: MultiHeadAttention) -> None
         tp.W_O.copy_(layer.W_O[head_columns(other, tp.d_k)])
 
 
-def check_case(case: Case, device: torch.device, group=None) -> dict | None:
+def check_case(case: Case, device: torch.device, group: dist.ProcessGroup | None = None) -> dict | None:
     """Forward and backward on every rank of ``group``; rank 0 gets the report, the other ranks None. Collective."""
     layer, x, grad_out = reference(case, device)
     tp = TensorParallelAttention(layer, group)

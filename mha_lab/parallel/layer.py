@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.autograd.function import FunctionCtx
 
 from mha_lab.cuda.attention import MultiHeadAttention
 from mha_lab.parallel.heads import check_split, head_columns, rank_heads, replica_groups
@@ -64,12 +65,13 @@ class CopyToParallel(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, group, log: CommLog, op: str):
+    def forward(ctx: FunctionCtx, x: torch.Tensor, group: dist.ProcessGroup | None, log: CommLog,
+                op: str) -> torch.Tensor:
         ctx.group, ctx.log, ctx.op = group, log, op
         return x.view_as(x)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor):
+    def backward(ctx: FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
         grad = grad.clone(memory_format=torch.contiguous_format)  # summed in place
         return _all_reduce(grad, ctx.group, ctx.log, ctx.op), None, None, None
 
@@ -81,12 +83,12 @@ class ReduceFromParallel(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, partial: torch.Tensor, group, log: CommLog):
+    def forward(ctx: FunctionCtx, partial: torch.Tensor, group: dist.ProcessGroup | None, log: CommLog) -> torch.Tensor:
         out = partial.clone(memory_format=torch.contiguous_format)  # summed in place
         return _all_reduce(out, group, log, "g forward")
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor):
+    def backward(ctx: FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         return grad, None, None
 
 

@@ -26,7 +26,7 @@ from mha_lab.parallel.layer import TensorParallelAttention
 __all__ = ["step_seconds", "scaling_worker", "measure_scaling"]
 
 
-def step_seconds(case: Case, device: torch.device, group, repeat: int = 5) -> dict:
+def step_seconds(case: Case, device: torch.device, group: dist.ProcessGroup | None, repeat: int = 5) -> dict:
     """This rank's median step time, the all-reduce part of it, and the bytes it handed in. Collective."""
     layer, x, grad_out = reference(case, device)
     tp = TensorParallelAttention(layer, group)

@@ -204,7 +204,7 @@ def _step_costs(layer: MultiHeadAttention, X: np.ndarray, G: np.ndarray, block: 
         kept = traced_memory(lambda s=step: s.forward(X))[0]
         working = traced_memory(lambda s=step: s.backward(G))[1]
         rows.append({"method": name, "L": X.shape[1], "kept": kept, "peak": kept + working})
-    def timed(step) -> Callable[[], object]:
+    def timed(step: MultiHeadAttention | Checkpointed | ChunkedLayer) -> Callable[[], object]:
         return lambda: (layer.clear_cache(), step.forward(X), step.backward(G))  # each step starts with no cache
 
     times = interleaved_times({name: timed(step) for name, step in steps.items()}, repeat=repeat, warmup=0,
