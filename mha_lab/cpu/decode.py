@@ -25,11 +25,8 @@ __all__ = ["KVCache", "prefill", "decode_step"]
 
 
 class KVCache(kv_cache.KVCache):
-    """A ``mha_lab.kv_cache.KVCache`` of NumPy arrays (float64 unless ``dtype`` says otherwise)."""
-
-    def __init__(self, batch_size: int, num_kv_heads: int, head_dim: int, max_len: int | None = None,
-                 window: int | None = None, dtype: np.dtype | type = np.float64) -> None:
-        super().__init__(batch_size, num_kv_heads, head_dim, max_len, window, dtype=dtype)
+    """A ``mha_lab.kv_cache.KVCache`` of NumPy arrays: ``KVCache(B, h_kv, d_k, max_len=... or window=...,
+    dtype=np.float64)``."""
 
     zeros = staticmethod(np.zeros)
 

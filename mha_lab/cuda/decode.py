@@ -21,12 +21,8 @@ __all__ = ["KVCache", "prefill", "decode_step"]
 
 
 class KVCache(kv_cache.KVCache):
-    """A ``mha_lab.kv_cache.KVCache`` of PyTorch tensors, on ``device``."""
-
-    def __init__(self, batch_size: int, num_kv_heads: int, head_dim: int, max_len: int | None = None,
-                 window: int | None = None, dtype: torch.dtype = torch.float32,
-                 device: torch.device | str | None = None) -> None:
-        super().__init__(batch_size, num_kv_heads, head_dim, max_len, window, dtype=dtype, device=device)
+    """A ``mha_lab.kv_cache.KVCache`` of PyTorch tensors: ``KVCache(B, h_kv, d_k, max_len=... or window=...,
+    dtype=torch.float32, device=None)``."""
 
     zeros = staticmethod(torch.zeros)
 
