@@ -64,7 +64,8 @@ def prefill(layer: GroupedQueryAttention, X: np.ndarray, cache: KVCache) -> np.n
     return layer.project_out(Z)
 
 
-def decode_step(layer: GroupedQueryAttention, x: np.ndarray, cache: KVCache) -> np.ndarray:
+def decode_step(layer: GroupedQueryAttention, x: np.ndarray,
+                cache: KVCache) -> np.ndarray:
     """One new token per sequence against the cache.
 
     Shapes: x: (B, 1, d_model) -> (B, 1, d_model).

@@ -65,13 +65,13 @@ class CopyToParallel(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx: FunctionCtx, x: torch.Tensor, group: dist.ProcessGroup | None, log: CommLog,
-                op: str) -> torch.Tensor:
+    def forward(ctx: FunctionCtx, x: torch.Tensor, group: dist.ProcessGroup | None,
+                log: CommLog, op: str) -> torch.Tensor:
         ctx.group, ctx.log, ctx.op = group, log, op
         return x.view_as(x)
 
     @staticmethod
-    def backward(ctx: FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
+    def backward(ctx: FunctionCtx, grad: torch.Tensor) -> tuple:
         grad = grad.clone(memory_format=torch.contiguous_format)  # summed in place
         return _all_reduce(grad, ctx.group, ctx.log, ctx.op), None, None, None
 
@@ -83,12 +83,13 @@ class ReduceFromParallel(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx: FunctionCtx, partial: torch.Tensor, group: dist.ProcessGroup | None, log: CommLog) -> torch.Tensor:
+    def forward(ctx: FunctionCtx, partial: torch.Tensor,
+                group: dist.ProcessGroup | None, log: CommLog) -> torch.Tensor:
         out = partial.clone(memory_format=torch.contiguous_format)  # summed in place
         return _all_reduce(out, group, log, "g forward")
 
     @staticmethod
-    def backward(ctx: FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+    def backward(ctx: FunctionCtx, grad: torch.Tensor) -> tuple:
         return grad, None, None
 
 
