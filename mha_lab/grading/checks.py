@@ -109,7 +109,8 @@ def invoke(student: Mapping[str, Any], name: str, args: tuple, kwargs: dict, *, 
 
 def run(namespace: Mapping[str, Any], name: str, args: tuple, kwargs: dict, *, measure: bool = False,
         replace: Mapping[str, str] | None = None) -> tuple[Any, int | None]:
-    """Call ``namespace[name]`` with the helpers in ``replace`` swapped for references."""
+    """Call ``namespace[name]`` with the helpers in ``replace`` swapped for references; with ``measure``,
+    also return its tracemalloc peak (the worker's own measurement, used where no cgroup reads it)."""
     fn = _lookup(namespace, name)
     scope = getattr(fn, "__globals__", {})
     saved = {attr: scope[attr] for attr in (replace or {}) if attr in scope}

@@ -34,6 +34,7 @@ __all__ = ["encode", "decode", "Worker", "RemoteSubmission", "serve"]
 NUMPY_FUNCTIONS = frozenset({"sum", "mean", "std", "var", "max", "min", "prod", "median"})
 CELL_SECONDS = 60  # one notebook cell, as nbgrader's Execute.timeout was
 OUTPUT_CHARS = 20_000  # printed output kept per cell
+NPY_HEADERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
 
 
 def _numpy_function(name: Any) -> Any:
@@ -96,18 +97,14 @@ def decode(value: Any, arrays: Sequence[np.ndarray]) -> Any:
 def frame(message: dict, arrays: Sequence[np.ndarray]) -> list[bytes | memoryview]:
     """One message as it travels: a JSON line that gives the size of each array, then the arrays in
     NumPy's ``.npy`` format, each padded to 64 bytes. The arrays' data is not copied (when contiguous)."""
-    parts = []
+    parts, sizes = [], []
     for a in arrays:
         a = np.array(a, order="C", copy=None)  # 0-d stays 0-d
         head = io.BytesIO()
         np.lib.format.write_array_header_2_0(head, np.lib.format.header_data_from_array_1_0(a))
         parts += [head.getvalue(), memoryview(a.reshape(-1).view(np.uint8)), bytes(-a.nbytes % 64)]
-    sizes = [sum(len(p) for p in parts[i:i + 3]) for i in range(0, len(parts), 3)]
+        sizes.append(head.tell() + a.nbytes + len(parts[-1]))
     return [(json.dumps({**message, "sizes": sizes}) + "\n").encode(), *parts]
-
-
-def _unreadable(head: io.BytesIO) -> None:
-    raise ValueError("an array in a .npy version this reader does not know")
 
 
 def unframe(line: bytes, payload: bytearray) -> tuple[dict, list[np.ndarray]]:
@@ -116,8 +113,10 @@ def unframe(line: bytes, payload: bytearray) -> tuple[dict, list[np.ndarray]]:
     message, arrays, start = json.loads(line), [], 0
     for size in message.get("sizes", []):
         head = io.BytesIO(payload[start:start + min(size, 1 << 16)])
-        read = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
-        shape, fortran, dtype = read.get(np.lib.format.read_magic(head), _unreadable)(head)
+        read = NPY_HEADERS.get(np.lib.format.read_magic(head))
+        if read is None:
+            raise ValueError("an array in a .npy version this reader does not know")
+        shape, fortran, dtype = read(head)
         count = int(np.prod(shape))
         if dtype.hasobject or head.tell() + count * dtype.itemsize > size:
             raise ValueError("an array that does not fit its size, or that needs pickles")
@@ -165,8 +164,8 @@ def _read_message(stream: io.BufferedReader) -> tuple[dict, list[np.ndarray]] | 
         return None
     payload = bytearray(sum(json.loads(line).get("sizes", [])))
     view, done = memoryview(payload), 0
-    while done < len(payload):
-        done += stream.readinto(view[done:]) or len(payload)
+    while done < len(payload) and (n := stream.readinto(view[done:])):
+        done += n
     return unframe(line, payload)
 
 
