@@ -266,12 +266,9 @@ def test_hidden_modules_load_from_their_path_every_time(hidden_dir):
 def _round_trip(value):
     """``value`` framed as the worker sends it, then read back."""
     arrays = []
-    message, back = unframe(*[bytearray(b"".join(p)) for p in _split(frame({"v": encode(value, arrays)}, arrays))])
+    line, *payload = frame({"v": encode(value, arrays)}, arrays)
+    message, back = unframe(line, bytearray(b"".join(payload)))
     return decode(message["v"], back)
-
-
-def _split(parts):
-    return parts[:1], parts[1:]
 
 
 def test_codec_round_trips_and_never_unpickles():
