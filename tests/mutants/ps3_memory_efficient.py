@@ -50,10 +50,10 @@ MUTANTS = [
     Mutant("last_partial_block_dropped", CHUNKED,
            "n_blocks = -(-L // block_size)", "n_blocks = L // block_size",
            {"chunked_attention_values", "chunked_attention_causal"}, "partial block is skipped"),
-    Mutant("full_key_strip_per_query_block", CHUNKED,
-           "        for kb in range(qb + 1 if causal else n_blocks):",
-           "        _strip = q @ K.transpose(0, 1, 3, 2)  # (B, h, bq, L): every key at once\n"
-           "        for kb in range(qb + 1 if causal else n_blocks):",
+    Mutant("row_maxima_from_every_score", CHUNKED,
+           "    for qb in range(n_blocks):\n",
+           "    m_all = (Q @ K.transpose(0, 1, 3, 2)).max(axis=-1, keepdims=True)  # (B, h, L, L) -> (B, h, L, 1)\n"
+           "    for qb in range(n_blocks):\n",
            {"chunked_attention_memory"}, "an L x L (or L x block_size) score matrix is built"),
     Mutant("answer_from_mha_lab", CHUNKED,
            "    B, h, L, d = Q.shape\n",
