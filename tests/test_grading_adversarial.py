@@ -33,7 +33,7 @@ from mha_lab.classroom import REPO, Attack, Student, Target
 
 ATTACKS = classroom.attacks()
 ASSIGNMENTS = sorted({a.assignment for a in ATTACKS})
-TIMEOUT = 60  # seconds per submission, the grader's --timeout
+TIMEOUT = 30  # seconds per submission, the grader's --timeout
 MEMORY = 2 * 2**30  # bytes per submission, the grader's default cap
 LIMIT = 900  # seconds for one whole batch before it counts as stalled
 PROTECTED = ("mha_lab", "tests/hidden", "solutions", "assignments")  # the folders of this repository the grader trusts
