@@ -26,7 +26,8 @@ def _reuse() -> bool:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    if _reuse() or not any("built_site" in getattr(item, "fixturenames", ()) for item in session.items):
+    needed = any("built_site" in getattr(item, "fixturenames", ()) for item in session.items)
+    if _reuse() or not needed or session.config.option.collectonly:
         return
     LOG.parent.mkdir(exist_ok=True)
     with open(LOG, "w") as log:
