@@ -5,7 +5,7 @@ judging in the grader (see ``mha_lab.grading.worker``):
 
 1. make the inputs (seeded ``numpy.random.Generator``, shapes the visible tests do not use);
 2. ``out = call(student, "name", *args)``: run the student's function, refusing answers
-   taken from ``mha_lab`` (``forbid_reference``);
+   taken from ``mha_lab`` (``reference_use``);
 3. judge with ``expect_array`` / ``expect_close`` / ``expect_true`` / ``expect_within_budget``.
 
 Every failure is an ``AssertionError`` whose message names the property and the likely bug.
@@ -16,7 +16,7 @@ from __future__ import annotations
 import ast
 import copy
 import importlib
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -25,7 +25,7 @@ from mha_lab.measure import traced_memory
 from mha_lab.testing import tolerances
 
 __all__ = ["Submission", "call", "call_with_peak", "call_replacing", "invoke", "run", "reference_use",
-           "forbid_reference", "expect_array", "expect_close", "expect_true", "expect_within_budget",
+           "expect_array", "expect_close", "expect_true", "expect_within_budget",
            "SmoothLoss"]
 
 # The public names of mha_lab (and of torch) that compute attention or its pieces for you.
@@ -37,39 +37,18 @@ TORCH_REFERENCES = {"torch.nn.functional": ("scaled_dot_product_attention", "mul
 
 class Submission(dict):
     """The student's namespace, the mha_lab names the assignment allows (``create_causal_mask``...:
-    the rest of ``REFERENCE_MODULES`` is the answer), and the notebook's cells ``forbid_reference`` reads."""
+    the rest of ``REFERENCE_MODULES`` is the answer), and the notebook's cells ``reference_use`` reads."""
 
     def __init__(self, namespace: Mapping[str, Any], allowed: Iterable[str] = (), cells: Sequence[str] = ()) -> None:
         super().__init__(namespace)
         self.allowed, self.cells = frozenset(allowed), tuple(cells)
 
 
-def _lookup(student: Mapping[str, Any], name: str) -> Callable:
-    if name not in student:
-        raise AssertionError(f"`{name}` is not defined: run the cell that defines it, and keep its name")
-    fn = student[name]
-    if not callable(fn):
-        raise AssertionError(f"`{name}` should be a function, got {type(fn).__name__}")
-    return fn
-
-
-def _run(name: str, fn: Callable, args: tuple, kwargs: dict) -> Any:
-    """Call ``fn`` and turn the usual student-side errors into messages that say what happened."""
-    try:
-        return fn(*args, **kwargs)
-    except NotImplementedError:
-        raise AssertionError(f"`{name}` is not implemented yet (NotImplementedError)") from None
-    except TypeError as exc:
-        raise AssertionError(f"`{name}` raised TypeError: {exc} (check its signature)") from None
-    except Exception as exc:  # noqa: BLE001 - any error of the student's code loses the points, with its reason
-        raise AssertionError(f"`{name}` raised {type(exc).__name__}: {exc}") from None
-
-
 def call(student: Mapping[str, Any], name: str, *args: Any, **kwargs: Any) -> Any:
     """Step 2 of a check: run the student's ``name(*args, **kwargs)`` and return its result.
 
     Fails when ``name`` is missing, still raises NotImplementedError, raises anything else,
-    or takes its answer from mha_lab (``forbid_reference``). A remote submission
+    or takes its answer from mha_lab (``reference_use``). A remote submission
     (``mha_lab.grading.worker``) runs the call in the student's sandbox instead of here.
     """
     return invoke(student, name, args, kwargs)[0]
@@ -96,11 +75,13 @@ def invoke(student: Mapping[str, Any], name: str, args: tuple, kwargs: dict, *, 
            replace: Mapping[str, str] | None = None) -> tuple[Any, int | None]:
     """The one way a check runs student code: returns ``(result, peak bytes or None)``.
 
-    The submission's source is read first (``forbid_reference``); a remote submission
+    The submission's source is read first (``reference_use``); a remote submission
     (``mha_lab.grading.worker``) then runs the call in its sandbox, any other runs it here.
     """
     replace = dict(replace or {})
-    forbid_reference(getattr(student, "cells", ()), name, getattr(student, "allowed", ()), skip=replace)
+    used = reference_use(getattr(student, "cells", ()), name, getattr(student, "allowed", ()), skip=replace)
+    if used:
+        raise AssertionError(f"`{name}` uses {used} instead of implementing it: no points for `{name}`")
     if hasattr(student, "remote_call"):
         return student.remote_call(name, args, kwargs, measure=measure, replace=replace)
     args, kwargs = copy.deepcopy((args, kwargs))  # the student's code may write into its inputs
@@ -109,20 +90,28 @@ def invoke(student: Mapping[str, Any], name: str, args: tuple, kwargs: dict, *, 
 
 def run(namespace: Mapping[str, Any], name: str, args: tuple, kwargs: dict, *, measure: bool = False,
         replace: Mapping[str, str] | None = None) -> tuple[Any, int | None]:
-    """Call ``namespace[name]`` with the helpers in ``replace`` swapped for references; with ``measure``,
-    also return its tracemalloc peak (the worker's own measurement, used where no cgroup reads it)."""
-    fn = _lookup(namespace, name)
+    """Call ``namespace[name]`` with the helpers in ``replace`` swapped for references, turning the student's
+    errors into messages that say what happened; with ``measure``, also return its tracemalloc peak (the
+    worker's own measurement, used where no cgroup reads it)."""
+    fn = namespace.get(name)
+    if not callable(fn):
+        raise AssertionError(f"`{name}` should be a function, got {type(fn).__name__}" if name in namespace else
+                             f"`{name}` is not defined: run the cell that defines it, and keep its name")
     scope = getattr(fn, "__globals__", {})
     saved = {attr: scope[attr] for attr in (replace or {}) if attr in scope}
     for attr in saved:
         module, _, func = replace[attr].rpartition(".")
         scope[attr] = getattr(importlib.import_module(module), func)
+    result: list[Any] = []  # the measured call's result
     try:
-        if not measure:
-            return _run(name, fn, args, kwargs), None
-        box = []
-        peak = traced_memory(lambda: box.append(_run(name, fn, args, kwargs)))[1]
-        return box[0], peak
+        peak = traced_memory(lambda: result.append(fn(*args, **kwargs)))[1] if measure else None
+        return (result[0] if measure else fn(*args, **kwargs)), peak
+    except NotImplementedError:
+        raise AssertionError(f"`{name}` is not implemented yet (NotImplementedError)") from None
+    except TypeError as exc:
+        raise AssertionError(f"`{name}` raised TypeError: {exc} (check its signature)") from None
+    except Exception as exc:  # noqa: BLE001 - any error of the student's code loses the points, with its reason
+        raise AssertionError(f"`{name}` raised {type(exc).__name__}: {exc}") from None
     finally:
         scope.update(saved)
 
@@ -213,13 +202,6 @@ def _root(node: ast.AST) -> str:
     while isinstance(node, ast.Attribute):
         node = node.value
     return node.id if isinstance(node, ast.Name) else ""
-
-
-def forbid_reference(cells: Sequence[str], name: str, allowed: Iterable[str] = (), skip: Iterable[str] = ()) -> None:
-    """Fail when the submission's ``name`` takes its answer from mha_lab (``reference_use``)."""
-    used = reference_use(cells, name, allowed, skip)
-    if used:
-        raise AssertionError(f"`{name}` uses {used} instead of implementing it: no points for `{name}`")
 
 
 # --- judging -------------------------------------------------------------------------------------
