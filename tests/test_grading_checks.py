@@ -14,7 +14,7 @@ import pytest
 import mha_lab.cpu
 from mha_lab.grading import checks, judge, run_hidden_checks
 from mha_lab.grading.judge import HIDDEN_DIR_ENV
-from mha_lab.grading.worker import decode, encode, frame, unframe
+from mha_lab.grading.worker import decode, encode, frame, read_message
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -265,8 +265,7 @@ def test_hidden_modules_load_from_their_path_every_time(hidden_dir):
 def _round_trip(value):
     """``value`` framed as the worker sends it, then read back."""
     arrays = []
-    line, *payload = frame({"v": encode(value, arrays)}, arrays)
-    message, back = unframe(line, bytearray(b"".join(payload)))
+    message, back = read_message(io.BytesIO(b"".join(frame({"v": encode(value, arrays)}, arrays))))
     return decode(message["v"], back)
 
 
@@ -285,7 +284,7 @@ def test_codec_round_trips_and_never_unpickles():
     np.lib.format.write_array_header_2_0(head, {"descr": "|O", "fortran_order": False, "shape": (1,)})
     forged = head.getvalue() + bytes(8)
     with pytest.raises(ValueError, match="pickles"):
-        unframe(json.dumps({"sizes": [len(forged)]}).encode(), bytearray(forged))
+        read_message(io.BytesIO(json.dumps({"sizes": [len(forged)]}).encode() + b"\n" + forged))
 
 
 def test_codec_keeps_shared_arrays_shared_and_sends_numpy_functions_by_name():

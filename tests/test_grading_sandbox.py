@@ -13,7 +13,7 @@ import pytest
 
 import mha_lab
 from mha_lab.grading.sandbox import GiB, Limits, memory_group, release
-from mha_lab.grading.worker import RemoteSubmission, Worker, decode, encode
+from mha_lab.grading.worker import RemoteSubmission, decode, encode
 
 REPO = Path(mha_lab.__file__).resolve().parents[1]
 
@@ -70,7 +70,7 @@ def test_the_sandbox_confines_the_code_and_dies_whole(tmp_path, listener):
     package = str(Path(mha_lab.__file__).resolve())
     probe = (PROBE.replace("HIDDEN", repr(str(REPO / "tests" / "hidden"))).replace("PACKAGE", repr(package))
              .replace("PORT", str(listener.getsockname()[1])))
-    worker = Worker(tmp_path, Limits(memory=2 * GiB, processes=32, seconds=60))
+    worker = RemoteSubmission(tmp_path, Limits(memory=2 * GiB, processes=32, seconds=60))
     try:
         reply, _ = worker.request({"op": "run", "cells": [probe, "def twice(x):\n    return 2 * x"]})
         assert reply["outputs"][0][0]["output_type"] == "stream", reply["outputs"][0]
@@ -94,7 +94,7 @@ def test_the_sandbox_confines_the_code_and_dies_whole(tmp_path, listener):
 
 @pytest.mark.timeout(120)
 def test_a_worker_that_hangs_is_stopped_at_its_deadline(tmp_path):
-    worker = Worker(tmp_path, Limits(seconds=5))
+    worker = RemoteSubmission(tmp_path, Limits(seconds=5))
     try:
         with pytest.raises(AssertionError, match="ran out of its 5 s"):
             worker.request({"op": "run", "cells": ["import signal\nsignal.alarm(0)\nwhile True:\n    pass"]})
@@ -131,8 +131,8 @@ def _needs_a_memory_group() -> None:
 @pytest.mark.timeout(120)
 def test_processes_share_one_memory_cap(tmp_path):
     _needs_a_memory_group()
-    worker = Worker(tmp_path, Limits(memory=GiB, processes=16, seconds=60))
-    group = worker.proc.memory_group
+    worker = RemoteSubmission(tmp_path, Limits(memory=GiB, processes=16, seconds=60))
+    group = worker.group
     try:
         reply, _ = worker.request({"op": "run", "cells": [SPREAD]})
         held = int(reply["outputs"][0][0]["text"])
@@ -169,16 +169,12 @@ def forge(n):  # the same, then the worker's own measurement reset
 @pytest.mark.timeout(120)
 def test_a_calls_peak_memory_is_read_from_outside_the_sandbox(tmp_path):
     _needs_a_memory_group()
-    worker = Worker(tmp_path, Limits(seconds=60))
-    try:
-        reply, _ = worker.request({"op": "run", "cells": [GRAB]})
-        student = RemoteSubmission(worker, reply["names"], (), [GRAB])
+    with RemoteSubmission(tmp_path, Limits(seconds=60)) as student:
+        student.run([GRAB])
         n, x = 4 * 2**20 // 8, np.zeros(2**20 // 8)  # 4 MiB allocated, 1 MiB of input (not counted)
         peaks = {name: student.remote_call(name, (n,), {}, measure=True, replace={})[1] for name in
                  ("grab", "grab_in_child", "forge")}
         peaks["input only"] = student.remote_call("grab", (x.size // 8,), {"unused": x}, measure=True, replace={})[1]
-    finally:
-        worker.close()
     mib = {k: round(v / 2**20, 2) for k, v in peaks.items()}
     # the kernel charges pages to a cgroup in batches of up to 64 per CPU: a few hundred KiB either way
     assert 3.75 <= mib["grab"] <= 4.5 and 3.75 <= mib["forge"] <= 4.5 and mib["input only"] <= 0.5, mib

@@ -21,7 +21,7 @@ from tqdm import tqdm
 from mha_lab.grading import course as courses
 from mha_lab.grading import judge
 from mha_lab.grading.sandbox import Limits
-from mha_lab.grading.worker import RemoteSubmission, Worker
+from mha_lab.grading.worker import RemoteSubmission
 
 __all__ = ["CellResult", "StudentResult", "Assignment", "grade_submission", "dask_client", "grade_class"]
 
@@ -73,9 +73,8 @@ def _tests_cells(release: dict) -> list[tuple[str, float]]:
 def grade_submission(folder: Path, assignment: Assignment, limits: Limits = DEFAULT_LIMITS, *, unsafe: bool = False,
                      student: str = "", queued_at: float | None = None) -> StudentResult:
     """Grade the submission in ``folder``: run it in a sandbox, judge every tests cell here. Never raises."""
-    start = time.time()
     result = StudentResult(student or Path(folder).parent.name)
-    result.timings["queue"] = start - queued_at if queued_at else 0.0
+    result.timings = {"queue": time.time() - queued_at if queued_at else 0.0, "run": 0.0, "judge": 0.0}
     result.cells = [CellResult(g, 0.0, p, notebook=Path(n).stem) for n, r in assignment.releases.items()
                     for g, p in _tests_cells(r)]
     result.max_score = sum(c.max_score for c in result.cells)
@@ -85,39 +84,31 @@ def grade_submission(folder: Path, assignment: Assignment, limits: Limits = DEFA
         result.error = str(exc)
         return result
     module = judge.load(assignment.hidden)
-    allowed = getattr(module, "ALLOWED_HELPERS", ())
-    run_s = judge_s = 0.0
     for name, release in assignment.releases.items():
         nb = courses.merge(nbformat.from_dict(release), submitted[name])
         code = [c for c in nb.cells if c.cell_type == "code"]
-        sources = [c.source for c in code]
         t0 = time.time()
-        worker = Worker(Path(folder), limits, unsafe=unsafe)
-        try:
+        with RemoteSubmission(Path(folder), limits, unsafe=unsafe,
+                              allowed=getattr(module, "ALLOWED_HELPERS", ())) as sandboxed:
             try:
-                reply, _ = worker.request({"op": "run", "cells": sources})
-                for cell, outputs in zip(code, reply.get("outputs", []), strict=False):
+                for cell, outputs in zip(code, sandboxed.run([c.source for c in code]), strict=False):
                     cell.outputs = [_output(o) for o in outputs if isinstance(o, dict)]
-                names = [n for n in reply.get("names", []) if isinstance(n, str)]
             except Exception as exc:  # noqa: BLE001 - the worker stopped, or answered in a shape it should not
-                result.error, names = str(exc), []
+                result.error = str(exc)
             t1 = time.time()
-            student = RemoteSubmission(worker, names, allowed, sources)
             by_id = {c.metadata.get("nbgrader", {}).get("grade_id"): c for c in code}
             for cell in (c for c in result.cells if c.notebook == Path(name).stem):
-                failures = judge.run_group(module, cell.grade_id, student)
+                failures = judge.run_group(module, cell.grade_id, sandboxed)
                 cell.score = 0.0 if failures else cell.max_score
                 cell.message = judge.failure_message(cell.grade_id, failures) if failures else ""
                 if failures:
                     by_id[cell.grade_id].outputs.append(nbformat.v4.new_output(
                         "error", ename="HiddenCheckFailure", evalue=cell.message, traceback=[cell.message]))
-        finally:
-            worker.close()
-        run_s, judge_s = run_s + t1 - t0, judge_s + time.time() - t1
-        result.error = result.error or worker.stopped
+        result.timings["run"] += t1 - t0
+        result.timings["judge"] += time.time() - t1
+        result.error = result.error or sandboxed.stopped
         result.notebooks[name] = nb
     result.score = sum(c.score for c in result.cells)
-    result.timings.update(run=run_s, judge=judge_s)
     return result
 
 

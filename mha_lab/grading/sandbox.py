@@ -168,25 +168,23 @@ def private_copy(submission: Path, limits: Limits) -> Path:
     return copy
 
 
-def start(argv: list[str], submission: Path, limits: Limits, *, unsafe: bool = False) -> subprocess.Popen:
+def start(argv: list[str], submission: Path, limits: Limits, *,
+          unsafe: bool = False) -> tuple[subprocess.Popen, Path | None]:
     """Start ``argv`` (a Python command) in a sandbox that sees ``submission`` (a ``private_copy``)
-    read-only; stdin and stdout are pipes to it.
+    read-only; stdin and stdout are pipes to it. Returns it and its ``memory_group`` (None where none
+    can be made), which ``release`` removes once it has gone.
 
-    Its processes share one memory cap where a ``memory_group`` can be made. The sandbox runs as uid
-    ``200000 + this process's id`` when the grader is root (so that the
+    The sandbox runs as uid ``200000 + this process's id`` when the grader is root (so that the
     process cap counts this sandbox only), else as the grader's own uid in a user namespace.
     ``unsafe`` runs it unconfined, in the copy itself, for machines without a sandbox.
     """
-    if unsafe:
-        return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                cwd=submission, env={**os.environ, "MHA_LAB_SANDBOX_UID": "", "MPLBACKEND": "Agg"},
-                                preexec_fn=lambda: _limit(limits))
     uid = 200_000 + os.getpid() if os.getuid() == 0 else os.getuid()
-    group = memory_group(limits.memory)
-    proc = subprocess.Popen(command(argv, submission, limits, uid), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, preexec_fn=lambda: _limit(limits, group))
-    proc.memory_group = group  # removed by ``release`` once the sandbox has gone
-    return proc
+    group = None if unsafe else memory_group(limits.memory)
+    env = {**os.environ, "MHA_LAB_SANDBOX_UID": "", "MPLBACKEND": "Agg"} if unsafe else None
+    proc = subprocess.Popen(argv if unsafe else command(argv, submission, limits, uid), cwd=submission, env=env,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            preexec_fn=lambda: _limit(limits, group))
+    return proc, group
 
 
 def enter(limits_processes: int) -> None:

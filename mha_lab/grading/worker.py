@@ -13,12 +13,11 @@ import contextlib
 import io
 import json
 import os
-import selectors
 import shutil
 import signal
 import subprocess
 import sys
-import time
+import threading
 from collections.abc import Sequence
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
@@ -28,7 +27,7 @@ import numpy as np
 
 from mha_lab.grading import checks, sandbox
 
-__all__ = ["encode", "decode", "Worker", "RemoteSubmission", "serve"]
+__all__ = ["encode", "decode", "frame", "read_message", "RemoteSubmission", "serve"]
 
 # NumPy functions that may cross by name: pure reductions and ufuncs, nothing that touches files.
 NUMPY_FUNCTIONS = frozenset({"sum", "mean", "std", "var", "max", "min", "prod", "median"})
@@ -107,11 +106,23 @@ def frame(message: dict, arrays: Sequence[np.ndarray]) -> list[bytes | memoryvie
     return [(json.dumps({**message, "sizes": sizes}) + "\n").encode(), *parts]
 
 
-def unframe(line: bytes, payload: bytearray) -> tuple[dict, list[np.ndarray]]:
-    """The message and its arrays (views of ``payload``: no copy); ValueError for anything malformed,
-    pickled arrays included."""
+def read_message(stream: io.BufferedIOBase, limit: int = 1 << 62) -> tuple[dict, list[np.ndarray]] | None:
+    """The next message on ``stream`` (see ``frame``), or None where the stream ends. Its arrays are views of one
+    buffer, read into place; ValueError for anything malformed, longer than ``limit`` bytes or pickled."""
+    line = stream.readline(limit)
+    if not line:
+        return None
     message, arrays, start = json.loads(line), [], 0
-    for size in message.get("sizes", []):
+    sizes = [int(n) for n in message.get("sizes", [])]
+    if not line.endswith(b"\n") or len(line) + sum(sizes) > limit:
+        raise ValueError(f"a message longer than {limit} bytes")
+    payload = bytearray(sum(sizes))
+    view, done = memoryview(payload), 0
+    while done < len(payload) and (n := stream.readinto(view[done:])):
+        done += n
+    if done < len(payload):  # the stream ended inside the message
+        return None
+    for size in sizes:
         head = io.BytesIO(payload[start:start + min(size, 1 << 16)])
         read = NPY_HEADERS.get(np.lib.format.read_magic(head))
         if read is None:
@@ -157,18 +168,6 @@ def _run_cell(source: str, namespace: dict) -> list[dict]:
     return outputs
 
 
-def _read_message(stream: io.BufferedReader) -> tuple[dict, list[np.ndarray]] | None:
-    """The next message on ``stream`` (see ``frame``), or None at its end."""
-    line = stream.readline()
-    if not line:
-        return None
-    payload = bytearray(sum(json.loads(line).get("sizes", [])))
-    view, done = memoryview(payload), 0
-    while done < len(payload) and (n := stream.readinto(view[done:])):
-        done += n
-    return unframe(line, payload)
-
-
 def serve() -> None:
     """The worker's main: enter the sandbox, then answer requests on stdin until it closes."""
     sandbox.enter(int(sys.argv[1]))
@@ -176,7 +175,7 @@ def serve() -> None:
     os.dup2(2, 1)  # the student's prints go to stderr (discarded), never into the channel
     sys.stdout, sys.stdin = sys.stderr, open(os.devnull)  # noqa: SIM115 - for the process's lifetime
     namespace: dict[str, Any] = {"__name__": "__main__"}
-    while (received := _read_message(requests)) is not None:
+    while (received := read_message(requests)) is not None:
         channel.writelines(frame(*_answer(*received, namespace)))
         channel.flush()
         del received  # before the next request arrives: a measured call starts with nothing of the last one
@@ -202,96 +201,53 @@ def _answer(request: dict, arrays: list[np.ndarray], namespace: dict) -> tuple[d
 # --- the grader's side ----------------------------------------------------------------------------
 
 
-class Worker:
-    """A worker serving one submission from its sandbox; every request shares one deadline."""
+class RemoteSubmission(dict):
+    """The ``student`` of the hidden checks, its code in a sandbox: the names its notebook defined
+    (placeholders: the objects stay in the sandbox) and its cells, for ``checks.reference_use``. Calls run
+    in the sandbox, results are judged here. Every request shares one deadline; ``stopped`` says why the
+    worker is gone, once it is."""
 
-    def __init__(self, folder: Path, limits: sandbox.Limits, *, unsafe: bool = False) -> None:
-        self.limits, self.unsafe = limits, unsafe
-        self.deadline = time.monotonic() + limits.seconds
+    def __init__(self, folder: Path, limits: sandbox.Limits, *, unsafe: bool = False, allowed: Sequence[str] = ()):
+        super().__init__()
+        self.limits, self.unsafe, self.allowed, self.cells, self.stopped = limits, unsafe, frozenset(allowed), (), ""
         self.copy = sandbox.private_copy(folder, limits)
-        self.proc = sandbox.start([sandbox.PYTHON, "-m", "mha_lab.grading.worker", str(limits.processes)], self.copy,
-                                  limits, unsafe=unsafe)
-        self.stopped = ""  # why the worker is gone, once it is
+        self.proc, self.group = sandbox.start([sandbox.PYTHON, "-m", "mha_lab.grading.worker", str(limits.processes)],
+                                              self.copy, limits, unsafe=unsafe)
+        self.timer = threading.Timer(limits.seconds, self._kill,
+                                     [f"the submission ran out of its {limits.seconds:.0f} s"])
+        self.timer.start()
+
+    def __enter__(self) -> RemoteSubmission:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def run(self, cells: Sequence[str]) -> list:
+        """Execute the notebook's code cells; the outputs of each (printed text, then the error if any)."""
+        self.cells = tuple(cells)
+        reply, _ = self.request({"op": "run", "cells": list(cells)})
+        self.update({n: f"<{n} in the submission's sandbox>" for n in reply.get("names", []) if isinstance(n, str)})
+        return reply.get("outputs", [])
 
     def request(self, message: dict, arrays: Sequence[np.ndarray] = ()) -> tuple[dict, list[np.ndarray]]:
         """Send one request, wait for its answer and its arrays; AssertionError when the worker dies, hangs,
         floods or answers garbage."""
-        if self.stopped:
+        answer = None
+        try:
+            if not self.stopped:
+                self.proc.stdin.writelines(frame(message, arrays))
+                self.proc.stdin.flush()
+                answer = read_message(self.proc.stdout, self.limits.output)
+        except OSError:  # a broken pipe: the worker is gone
+            pass
+        except (ValueError, TypeError, AttributeError):
+            self._kill(f"the submission's worker answered garbage, or more than {self.limits.output} bytes")
+        if answer is None:  # the deadline's kill, or the worker's own end
+            self._kill(f"the submission's process stopped (exit code {self.proc.wait()}): did its code call "
+                       "os._exit or crash?")
             raise AssertionError(self.stopped)
-        data, answer, end, size = b"".join(frame(message, arrays)), bytearray(), 0, None
-        with selectors.DefaultSelector() as sel:
-            sel.register(self.proc.stdin, selectors.EVENT_WRITE)
-            sel.register(self.proc.stdout, selectors.EVENT_READ)
-            while size is None or len(answer) < size:
-                remaining = self.deadline - time.monotonic()
-                events = sel.select(max(remaining, 0)) if remaining > 0 else []
-                if not events:
-                    return self._stop(f"the submission ran out of its {self.limits.seconds:.0f} s")
-                for key, _ in events:
-                    if key.fileobj is self.proc.stdin:
-                        try:
-                            data = data[os.write(key.fd, data[:65536]):]
-                        except BrokenPipeError:
-                            return self._stop(self._exit_reason())
-                        if not data:
-                            sel.unregister(self.proc.stdin)
-                        continue
-                    chunk = os.read(key.fd, 1 << 20)
-                    if not chunk:
-                        return self._stop(self._exit_reason())
-                    answer += chunk
-                    if len(answer) > self.limits.output:
-                        return self._stop(f"the submission answered more than {self.limits.output} bytes")
-                    if size is None and b"\n" in answer:
-                        end = answer.index(b"\n") + 1
-                        try:
-                            size = end + sum(int(n) for n in json.loads(answer[:end]).get("sizes", []))
-                        except (ValueError, TypeError, AttributeError):
-                            return self._stop("the submission's worker answered garbage")
-        try:
-            return unframe(bytes(answer[:end]), answer[end:size])
-        except (ValueError, TypeError, KeyError, AttributeError):
-            return self._stop("the submission's worker answered garbage")
-
-    def _exit_reason(self) -> str:
-        code = self.proc.wait()
-        return f"the submission's process stopped (exit code {code}): did its code call os._exit or crash?"
-
-    def _stop(self, reason: str) -> dict:
-        self.close()
-        self.stopped = reason
-        raise AssertionError(reason)
-
-    def close(self) -> None:
-        """Kill the sandbox's first process (bwrap's child): bwrap returns once the kernel has ended every
-        process of its pid namespace, so no process of the submission outlives this call."""
-        pid = self.proc.pid
-        try:
-            inner = [] if self.unsafe else Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-        except OSError:
-            inner = []
-        for child in inner:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(child), signal.SIGKILL)
-        try:
-            self.proc.wait(timeout=10 if inner else 0)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        for pipe in (self.proc.stdin, self.proc.stdout):
-            with contextlib.suppress(OSError):
-                pipe.close()
-        sandbox.release(getattr(self.proc, "memory_group", None))
-        shutil.rmtree(self.copy, ignore_errors=True)
-
-
-class RemoteSubmission(dict):
-    """The ``student`` of the hidden checks: the names the notebook defined (placeholders: the objects stay
-    in the sandbox), its cells for ``forbid_reference``; calls run in the sandbox, results are judged here."""
-
-    def __init__(self, worker: Worker, names: Sequence[str], allowed: Sequence[str], cells: Sequence[str]) -> None:
-        super().__init__({n: f"<{n} in the submission's sandbox>" for n in names})
-        self.worker, self.allowed, self.cells = worker, frozenset(allowed), tuple(cells)
+        return answer
 
     def remote_call(self, name: str, args: tuple, kwargs: dict, *, measure: bool,
                     replace: dict[str, str]) -> tuple[Any, int | None]:
@@ -302,13 +258,12 @@ class RemoteSubmission(dict):
         the sandbox's memory cgroup, less the bytes of the inputs. Where the sandbox has no cgroup, the
         worker measures itself (tracemalloc), which its code could forge.
         """
-        group = getattr(self.worker.proc, "memory_group", None)
         if measure:
             with contextlib.suppress(AssertionError):
                 self._call(name, _decoy((args, kwargs)), replace, measure=False)
-        base = sandbox.reset_peak(group) if measure and group else None
-        result, peak, inputs = self._call(name, (args, kwargs), replace, measure=measure and not group)
-        return result, (peak if base is None else max(sandbox.peak(group) - base - inputs, 0))
+        base = sandbox.reset_peak(self.group) if measure and self.group else None
+        result, peak, inputs = self._call(name, (args, kwargs), replace, measure=measure and not self.group)
+        return result, (peak if base is None else max(sandbox.peak(self.group) - base - inputs, 0))
 
     def _call(self, name: str, arguments: tuple, replace: dict[str, str], *,
               measure: bool) -> tuple[Any, int | None, int]:
@@ -316,11 +271,39 @@ class RemoteSubmission(dict):
         arrays: list[np.ndarray] = []
         message = {"op": "call", "name": name, "arguments": encode(arguments, arrays), "measure": measure,
                    "replace": replace}
-        reply, results = self.worker.request(message, arrays)
+        reply, results = self.request(message, arrays)
         if not reply.get("ok"):
             raise AssertionError(str(reply.get("message", "the call failed")))
         peak, inputs = reply.get("peak"), sum(a.nbytes for a in arrays)
         return decode(reply.get("result"), results), peak if isinstance(peak, int) else None, inputs
+
+    def _kill(self, reason: str) -> None:
+        """Stop the worker, recording why (the first reason stands). Killing the sandbox's first process
+        (bwrap's child) is enough: the kernel then ends every process of its pid namespace."""
+        self.stopped = self.stopped or reason
+        pid = self.proc.pid
+        try:
+            inner = [] if self.unsafe else Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        except OSError:
+            inner = []
+        for victim in inner or [pid]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(victim), signal.SIGKILL)
+
+    def close(self) -> None:
+        """Stop the worker and wait for it: no process of the submission outlives this call."""
+        self.timer.cancel()
+        self._kill("")
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            with contextlib.suppress(OSError):
+                pipe.close()
+        sandbox.release(self.group)
+        shutil.rmtree(self.copy, ignore_errors=True)
 
 
 def _decoy(value: Any) -> Any:
