@@ -2,7 +2,8 @@
 
 One tiny assignment, ``demo`` (3 points), graded with the real nbgrader and the real sandbox: a
 good submission, a corrupt notebook, a missing notebook, a function that hangs, a process that
-exits, and a notebook that rigs its own kernel (nothing it does there reaches the judge).
+exits, a notebook that rigs its own kernel (nothing it does there reaches the judge), and two
+whose grading process dies, once and always.
 """
 
 from __future__ import annotations
@@ -24,8 +25,20 @@ from mha_lab.grading.judge import HIDDEN_DIR_ENV
 REPO = Path(__file__).resolve().parents[1]
 
 HIDDEN = '''
+import os
+import signal
+from pathlib import Path
+
 import numpy as np
 from mha_lab.grading import checks
+
+
+def _grader_dies(student):
+    """This course's stand-in for a Dask worker that dies while it grades (the OOM killer, a lost node)."""
+    first = Path(__file__).with_name("died_once")
+    if "grader_dies_always" in student or ("grader_dies_once" in student and not first.exists()):
+        first.touch()
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def test_double_values(student):
@@ -38,6 +51,7 @@ def test_double_values(student):
 
 
 def test_double_int(student):
+    _grader_dies(student)
     out = checks.call(student, "double", 21)
 
     checks.expect_true(out == 42, what=f"double(21) gave {out!r}", hint="multiply by 2")
@@ -75,6 +89,8 @@ SUBMISSIONS = {
     "good": "def double(x):\n    return 2 * x",
     "hangs": "def double(x):\n    while True:\n        pass",
     "crashes": "import os\nos._exit(1)",
+    "grader_dies_once": "def double(x):\n    return 2 * x\ngrader_dies_once = True",
+    "grader_dies_always": "def double(x):\n    return 2 * x\ngrader_dies_always = True",
     "cheats": textwrap.dedent("""
         import mha_lab.grading.checks as c
         c.expect_close = c.expect_true = lambda *args, **kwargs: None  # in the sandbox only
@@ -141,6 +157,13 @@ def test_hanging_function_runs_out_of_time_and_scores_nothing(graded):
 def test_exiting_process_is_recorded(graded):
     crashed = graded["crashes"]
     assert crashed.score == 0 and "exit code 1" in crashed.error, crashed
+
+
+@pytest.mark.slow
+def test_a_grading_process_that_dies_is_retried_once_then_recorded(graded):
+    assert (graded["grader_dies_once"].score, graded["grader_dies_once"].error) == (3, "")
+    lost = graded["grader_dies_always"]
+    assert lost.score == 0 and "grading failed twice: KilledWorker" in lost.error, lost
 
 
 @pytest.mark.slow

@@ -126,8 +126,10 @@ def dask_client(jobs: int = 2, scheduler: str | None = None) -> Iterator[Any]:
     import dask
     from distributed import Client, LocalCluster
 
-    # a worker that dies fails its task at once (grade_class retries it once); workers may start sandboxes
-    with dask.config.set({"distributed.scheduler.allowed-failures": 0, "distributed.worker.daemon": False}):
+    # a task whose worker dies is tried once more, and holds no other task up (each worker holds only the
+    # task it runs); workers may start sandboxes
+    with dask.config.set({"distributed.scheduler.allowed-failures": 1, "distributed.scheduler.worker-saturation": 1.0,
+                          "distributed.worker.daemon": False}):
         if scheduler:
             with Client(scheduler) as client:
                 yield client
@@ -151,24 +153,15 @@ def grade_class(course: Path, assignment: str, *, students: Iterable[str] | None
     names = sorted(students) if students is not None else courses.students(course, assignment)
     results: dict[str, StudentResult] = {}
     with nullcontext(client) if client is not None else dask_client(jobs, scheduler) as client:
-        def submit(s: str, attempt: int) -> Any:
-            future = client.submit(grade_submission, course / "submitted" / s / assignment, spec, limits,
-                                   unsafe=unsafe, student=s, queued_at=time.time(), pure=False,
-                                   key=f"grade-{assignment}-{s}-{attempt}")
-            future.student, future.attempt = s, attempt
-            return future
-
-        pending = as_completed([submit(s, 0) for s in names])
+        futures = {client.submit(grade_submission, course / "submitted" / s / assignment, spec, limits, unsafe=unsafe,
+                                 student=s, queued_at=time.time(), pure=False, retries=1): s for s in names}
         with tqdm(total=len(names), desc=f"grade {assignment}", unit="submission", disable=not progress) as bar:
-            for future in pending:
+            for future in as_completed(futures):
+                s = futures[future]
                 try:
-                    results[future.student] = future.result()
-                except Exception as exc:  # noqa: BLE001 - the Dask worker died (KilledWorker) or was lost
-                    if future.attempt == 0:
-                        pending.add(submit(future.student, 1))
-                        continue
-                    results[future.student] = StudentResult(future.student, error=f"grading failed twice: "
-                                                            f"{type(exc).__name__}: {exc}")
+                    results[s] = future.result()
+                except Exception as exc:  # noqa: BLE001 - its Dask worker died twice (KilledWorker), or it raised twice
+                    results[s] = StudentResult(s, error=f"grading failed twice: {type(exc).__name__}: {exc}")
                 bar.update(1)
     for s in names:
         r = results[s]
