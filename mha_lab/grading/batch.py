@@ -98,10 +98,9 @@ def grade_submission(folder: Path, assignment: Assignment, limits: Limits = DEFA
             t1 = time.time()
             by_id = {c.metadata.get("nbgrader", {}).get("grade_id"): c for c in code}
             for cell in (c for c in result.cells if c.notebook == Path(name).stem):
-                failures = judge.run_group(module, cell.grade_id, sandboxed)
-                cell.score = 0.0 if failures else cell.max_score
-                cell.message = judge.failure_message(cell.grade_id, failures) if failures else ""
-                if failures:
+                cell.message = judge.judge_cell(module, cell.grade_id, sandboxed)
+                cell.score = 0.0 if cell.message else cell.max_score
+                if cell.message:
                     by_id[cell.grade_id].outputs.append(nbformat.v4.new_output(
                         "error", ename="HiddenCheckFailure", evalue=cell.message, traceback=[cell.message]))
         result.timings["run"] += t1 - t0

@@ -18,7 +18,8 @@ from typing import Any
 import mha_lab
 from mha_lab.grading import checks
 
-__all__ = ["HIDDEN_DIR_ENV", "hidden_module", "load", "group", "run_group", "failure_message", "run_hidden_checks"]
+__all__ = ["HIDDEN_DIR_ENV", "hidden_module", "load", "group", "judge_cell",
+           "run_hidden_checks"]
 
 HIDDEN_DIR_ENV = "MHA_LAB_HIDDEN_DIR"
 
@@ -47,25 +48,19 @@ def group(module: ModuleType, name: str) -> list[tuple[str, Callable]]:
     return [(k, v) for k, v in vars(module).items() if callable(v) and k.partition("__")[0] == f"test_{name}"]
 
 
-def run_group(module: ModuleType, name: str, student: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """Call every check of the group; returns ``[(check, failure message)]``, empty when all pass."""
+def judge_cell(module: ModuleType, name: str, student: Mapping[str, Any]) -> str:
+    """Call every check of the tests cell ``name``: '' when all pass, else a message for the feedback
+    that names each failing check and the likely bug."""
     tests = group(module, name)
-    if not tests:
-        return [("hidden checks", f"no hidden checks for tests cell {name!r}: no points can be given")]
-    failures = []
+    failures = [] if tests else [f"- no hidden checks for tests cell {name!r}: no points can be given"]
     for check, fn in tests:
         try:
             fn(student)
         except AssertionError as exc:
-            failures.append((check, str(exc) or "assertion failed"))
+            failures.append(f"- {check}: {str(exc) or 'assertion failed'}")
         except Exception as exc:  # noqa: BLE001 - a check that cannot run gives no points, with its reason
-            failures.append((check, f"the check could not run ({type(exc).__name__}: {exc})"))
-    return failures
-
-
-def failure_message(name: str, failures: list[tuple[str, str]]) -> str:
-    """One readable message for the feedback: each failing check and the likely bug."""
-    return "\n".join([f"{name}: {len(failures)} hidden check(s) failed"] + [f"- {c}: {t}" for c, t in failures])
+            failures.append(f"- {check}: the check could not run ({type(exc).__name__}: {exc})")
+    return "\n".join([f"{name}: {len(failures)} hidden check(s) failed", *failures]) if failures else ""
 
 
 def run_hidden_checks(assignment: str, name: str, namespace: Mapping[str, Any]) -> None:
@@ -75,6 +70,6 @@ def run_hidden_checks(assignment: str, name: str, namespace: Mapping[str, Any]) 
     """
     module = load(hidden_module(assignment))
     cells = [c for c in namespace.get("In", ()) if "run_hidden_checks" not in c]  # IPython's inputs
-    failures = run_group(module, name, checks.Submission(namespace, getattr(module, "ALLOWED_HELPERS", ()), cells))
-    if failures:
-        raise AssertionError(failure_message(name, failures))
+    message = judge_cell(module, name, checks.Submission(namespace, getattr(module, "ALLOWED_HELPERS", ()), cells))
+    if message:
+        raise AssertionError(message)
