@@ -176,6 +176,6 @@ def test_a_calls_peak_memory_is_read_from_outside_the_sandbox(tmp_path):
                  ("grab", "grab_in_child", "forge")}
         peaks["input only"] = student.remote_call("grab", (x.size // 8,), {"unused": x}, measure=True, replace={})[1]
     mib = {k: round(v / 2**20, 2) for k, v in peaks.items()}
-    # the kernel charges pages to a cgroup in batches of up to 64 per CPU: a few hundred KiB either way
-    assert 3.75 <= mib["grab"] <= 4.5 and 3.75 <= mib["forge"] <= 4.5 and mib["input only"] <= 0.5, mib
-    assert 3.75 <= mib["grab_in_child"] <= 6, mib  # the child's own copies of the pages it writes count too
+    # the kernel charges pages to a cgroup in batches of up to 64 per CPU: up to 256 KiB a CPU either way
+    assert 3.5 <= mib["grab"] <= 4.5 and 3.5 <= mib["forge"] <= 4.5 and mib["input only"] <= 0.5, mib
+    assert 3.5 <= mib["grab_in_child"] <= 6, mib  # the child's own copies of the pages it writes count too
