@@ -6,6 +6,7 @@ import json
 import os
 import socket
 import subprocess
+from contextlib import closing
 from pathlib import Path
 
 import numpy as np
@@ -169,7 +170,7 @@ def forge(n):  # the same, then the worker's own measurement reset
 @pytest.mark.timeout(120)
 def test_a_calls_peak_memory_is_read_from_outside_the_sandbox(tmp_path):
     _needs_a_memory_group()
-    with RemoteSubmission(tmp_path, Limits(seconds=60)) as student:
+    with closing(RemoteSubmission(tmp_path, Limits(seconds=60))) as student:
         student.run([GRAB])
         n, x = 4 * 2**20 // 8, np.zeros(2**20 // 8)  # 4 MiB allocated, 1 MiB of input (not counted)
         peaks = {name: student.remote_call(name, (n,), {}, measure=True, replace={})[1] for name in

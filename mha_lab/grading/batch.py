@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import closing, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,7 @@ from mha_lab.grading import judge
 from mha_lab.grading.sandbox import Limits
 from mha_lab.grading.worker import RemoteSubmission
 
-__all__ = ["CellResult", "StudentResult", "Assignment", "grade_submission", "dask_client", "grade_class"]
+__all__ = ["CellResult", "StudentResult", "grade_submission", "dask_client", "grade_class"]
 
 DEFAULT_LIMITS = Limits()
 
@@ -51,45 +51,33 @@ class StudentResult:
     timings: dict[str, float] = field(default_factory=dict)  # seconds: queue, run, judge
     notebooks: dict[str, dict] = field(default_factory=dict)  # name -> the executed notebook, for feedback
 
-    @property
-    def failed(self) -> list[CellResult]:
-        return [c for c in self.cells if c.score < c.max_score]
-
-
-@dataclass(frozen=True)
-class Assignment:
-    """What grading any submission of one assignment needs: its releases and its hidden checks."""
-
-    name: str
-    releases: dict[str, dict]
-    hidden: Path
-
 
 def _tests_cells(release: dict) -> list[tuple[str, float]]:
     return [(c["metadata"]["nbgrader"]["grade_id"], float(c["metadata"]["nbgrader"].get("points", 0)))
             for c in release["cells"] if c["metadata"].get("nbgrader", {}).get("grade") and c["cell_type"] == "code"]
 
 
-def grade_submission(folder: Path, assignment: Assignment, limits: Limits = DEFAULT_LIMITS, *, unsafe: bool = False,
-                     student: str = "", queued_at: float | None = None) -> StudentResult:
-    """Grade the submission in ``folder``: run it in a sandbox, judge every tests cell here. Never raises."""
+def grade_submission(folder: Path, releases: dict[str, dict], hidden: Path, limits: Limits = DEFAULT_LIMITS, *,
+                     unsafe: bool = False, student: str = "", queued_at: float | None = None) -> StudentResult:
+    """Grade the submission in ``folder`` against the assignment's ``releases`` (name -> notebook) and its
+    ``hidden`` checks: run it in a sandbox, judge every tests cell here. Never raises."""
     result = StudentResult(student or Path(folder).parent.name)
     result.timings = {"queue": time.time() - queued_at if queued_at else 0.0, "run": 0.0, "judge": 0.0}
-    result.cells = [CellResult(g, 0.0, p, notebook=Path(n).stem) for n, r in assignment.releases.items()
+    result.cells = [CellResult(g, 0.0, p, notebook=Path(n).stem) for n, r in releases.items()
                     for g, p in _tests_cells(r)]
     result.max_score = sum(c.max_score for c in result.cells)
     try:
-        submitted = {n: courses.submitted_notebook(folder, n) for n in assignment.releases}
+        submitted = {n: courses.submitted_notebook(folder, n) for n in releases}
     except ValueError as exc:
         result.error = str(exc)
         return result
-    module = judge.load(assignment.hidden)
-    for name, release in assignment.releases.items():
+    module = judge.load(hidden)
+    for name, release in releases.items():
         nb = courses.merge(nbformat.from_dict(release), submitted[name])
         code = [c for c in nb.cells if c.cell_type == "code"]
         t0 = time.time()
-        with RemoteSubmission(Path(folder), limits, unsafe=unsafe,
-                              allowed=getattr(module, "ALLOWED_HELPERS", ())) as sandboxed:
+        with closing(RemoteSubmission(Path(folder), limits, unsafe=unsafe,
+                                      allowed=getattr(module, "ALLOWED_HELPERS", ()))) as sandboxed:
             try:
                 for cell, outputs in zip(code, sandboxed.run([c.source for c in code]), strict=False):
                     cell.outputs = [_output(o) for o in outputs if isinstance(o, dict)]
@@ -123,19 +111,15 @@ def _output(o: dict) -> nbformat.NotebookNode:
 def dask_client(jobs: int = 2, scheduler: str | None = None) -> Iterator[Any]:
     """A Dask client: of the scheduler at ``scheduler``, else of a LocalCluster of ``jobs`` processes."""
     import dask
-    from distributed import Client, LocalCluster
+    from distributed import Client
 
     # a task whose worker dies is tried once more, and holds no other task up (each worker holds only the
     # task it runs); workers may start sandboxes
     with dask.config.set({"distributed.scheduler.allowed-failures": 1, "distributed.scheduler.worker-saturation": 1.0,
                           "distributed.worker.daemon": False}):
-        if scheduler:
-            with Client(scheduler) as client:
-                yield client
-        else:
-            with LocalCluster(n_workers=jobs, threads_per_worker=1, processes=True, dashboard_address=None,
-                              silence_logs=50) as cluster, Client(cluster) as client:
-                yield client
+        with Client(scheduler) if scheduler else Client(n_workers=jobs, threads_per_worker=1, processes=True,
+                                                        dashboard_address=None, silence_logs=50) as client:
+            yield client
 
 
 def grade_class(course: Path, assignment: str, *, students: Iterable[str] | None = None, client: Any = None,
@@ -148,12 +132,13 @@ def grade_class(course: Path, assignment: str, *, students: Iterable[str] | None
     from distributed import as_completed
 
     course = Path(course).resolve()
-    spec = Assignment(assignment, courses.register(course, assignment), judge.hidden_module(assignment, course))
+    releases, hidden = courses.register(course, assignment), judge.hidden_module(assignment, course)
     names = sorted(students) if students is not None else courses.students(course, assignment)
     results: dict[str, StudentResult] = {}
     with nullcontext(client) if client is not None else dask_client(jobs, scheduler) as client:
-        futures = {client.submit(grade_submission, course / "submitted" / s / assignment, spec, limits, unsafe=unsafe,
-                                 student=s, queued_at=time.time(), pure=False, retries=1): s for s in names}
+        futures = {client.submit(grade_submission, course / "submitted" / s / assignment, releases, hidden, limits,
+                                 unsafe=unsafe, student=s, queued_at=time.time(), pure=False, retries=1): s
+                   for s in names}
         with tqdm(total=len(names), desc=f"grade {assignment}", unit="submission", disable=not progress) as bar:
             for future in as_completed(futures):
                 s = futures[future]

@@ -19,7 +19,7 @@ FIELDS = ["student", "score", "max_score", "error", "failed", "queue_s", "run_s"
 
 def _failures(r: StudentResult) -> str:
     return "; ".join(f"{c.grade_id} ({c.message.splitlines()[-1].lstrip('- ')})" if c.message else c.grade_id
-                     for c in r.failed)
+                     for c in r.cells if c.score < c.max_score)
 
 
 def summary_table(results: Sequence[StudentResult], *, unsafe: bool = False) -> str:

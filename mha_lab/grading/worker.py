@@ -33,6 +33,7 @@ __all__ = ["encode", "decode", "frame", "read_message", "RemoteSubmission", "ser
 NUMPY_FUNCTIONS = frozenset({"sum", "mean", "std", "var", "max", "min", "prod", "median"})
 CELL_SECONDS = 60  # one notebook cell, as nbgrader's Execute.timeout was
 OUTPUT_CHARS = 20_000  # printed output kept per cell
+RNG = np.random.default_rng()  # the decoy inputs of measured calls
 NPY_HEADERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
 
 
@@ -217,12 +218,6 @@ class RemoteSubmission(dict):
                                      [f"the submission ran out of its {limits.seconds:.0f} s"])
         self.timer.start()
 
-    def __enter__(self) -> RemoteSubmission:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def run(self, cells: Sequence[str]) -> list:
         """Execute the notebook's code cells; the outputs of each (printed text, then the error if any)."""
         self.cells = tuple(cells)
@@ -258,9 +253,12 @@ class RemoteSubmission(dict):
         the sandbox's memory cgroup, less the bytes of the inputs. Where the sandbox has no cgroup, the
         worker measures itself (tracemalloc), which its code could forge.
         """
-        if measure:
+        if measure:  # the decoy: every array replaced by random numbers of its shape and dtype
+            arrays: list[np.ndarray] = []
+            skeleton = encode((args, kwargs), arrays)
+            decoy = decode(skeleton, [RNG.standard_normal(a.shape).astype(a.dtype) for a in arrays])
             with contextlib.suppress(AssertionError):
-                self._call(name, _decoy((args, kwargs)), replace, measure=False)
+                self._call(name, decoy, replace, measure=False)
         base = sandbox.reset_peak(self.group) if measure and self.group else None
         result, peak, inputs = self._call(name, (args, kwargs), replace, measure=measure and not self.group)
         return result, (peak if base is None else max(sandbox.peak(self.group) - base - inputs, 0))
@@ -304,13 +302,6 @@ class RemoteSubmission(dict):
                 pipe.close()
         sandbox.release(self.group)
         shutil.rmtree(self.copy, ignore_errors=True)
-
-
-def _decoy(value: Any) -> Any:
-    """``value`` with every array replaced by random numbers of its shape and dtype."""
-    arrays: list[np.ndarray] = []
-    skeleton, rng = encode(value, arrays), np.random.default_rng()
-    return decode(skeleton, [rng.standard_normal(np.shape(a)).astype(a.dtype) for a in arrays])
 
 
 if __name__ == "__main__":
