@@ -9,6 +9,7 @@ whose grading process dies, once and always.
 from __future__ import annotations
 
 import csv
+import re
 import shutil
 import textwrap
 from pathlib import Path
@@ -200,3 +201,13 @@ def test_cli_refuses_without_a_sandbox_and_names_the_fix(course, monkeypatch, ca
     with pytest.raises(SystemExit) as info:
         cli.main(["nothing", "--course", str(course)])
     assert info.value.code == 2 and "no assignment 'nothing'" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_unsafe_mode_grades_unconfined_and_the_summary_says_so(course, monkeypatch, capsys):
+    monkeypatch.setenv(HIDDEN_DIR_ENV, str(course / "hidden"))
+    args = ["demo", "--course", str(course), "--student", "good", "--jobs", "1", "--unsafe-no-sandbox"]
+    assert cli.main(args) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^good\s+3\s+3\s*$", out, re.MULTILINE), out
+    assert "WARNING: graded with --unsafe-no-sandbox" in out

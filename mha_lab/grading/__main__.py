@@ -43,11 +43,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         except sandbox.SandboxError as exc:
             print(f"cannot grade: {exc}", file=sys.stderr)
             return 1
-    limits = sandbox.Limits(memory=args.memory, seconds=args.timeout)
+    limits = sandbox.Limits(memory=args.memory, seconds=args.timeout, unsafe=args.unsafe_no_sandbox)
     with batch.dask_client(args.jobs, args.scheduler) as client:
         for a in todo:
-            results = batch.grade_class(root, a, students=args.student, client=client, limits=limits,
-                                        unsafe=args.unsafe_no_sandbox)
+            results = batch.grade_class(root, a, students=args.student, client=client, limits=limits)
             print(report.summary_table(results, unsafe=args.unsafe_no_sandbox))
             out = root / f"grades_{a}.csv"
             report.write_csv(results, out, everyone=course.students(root))

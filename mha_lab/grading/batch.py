@@ -58,7 +58,7 @@ def _tests_cells(release: dict) -> list[tuple[str, float]]:
 
 
 def grade_submission(folder: Path, releases: dict[str, dict], hidden: Path, limits: Limits = DEFAULT_LIMITS, *,
-                     unsafe: bool = False, student: str = "", queued_at: float | None = None) -> StudentResult:
+                     student: str = "", queued_at: float | None = None) -> StudentResult:
     """Grade the submission in ``folder`` against the assignment's ``releases`` (name -> notebook) and its
     ``hidden`` checks: run it in a sandbox, judge every tests cell here. Never raises."""
     result = StudentResult(student or Path(folder).parent.name)
@@ -76,8 +76,7 @@ def grade_submission(folder: Path, releases: dict[str, dict], hidden: Path, limi
         nb = courses.merge(nbformat.from_dict(release), submitted[name])
         code = [c for c in nb.cells if c.cell_type == "code"]
         t0 = time.time()
-        with closing(RemoteSubmission(Path(folder), limits, unsafe=unsafe,
-                                      allowed=getattr(module, "ALLOWED_HELPERS", ()))) as sandboxed:
+        with closing(RemoteSubmission(Path(folder), limits, getattr(module, "ALLOWED_HELPERS", ()))) as sandboxed:
             try:
                 for cell, outputs in zip(code, sandboxed.run([c.source for c in code]), strict=False):
                     cell.outputs = [_output(o) for o in outputs if isinstance(o, dict)]
@@ -123,7 +122,7 @@ def dask_client(jobs: int = 2, scheduler: str | None = None) -> Iterator[Any]:
 
 
 def grade_class(course: Path, assignment: str, *, students: Iterable[str] | None = None, client: Any = None,
-                jobs: int = 2, scheduler: str | None = None, limits: Limits = DEFAULT_LIMITS, unsafe: bool = False,
+                jobs: int = 2, scheduler: str | None = None, limits: Limits = DEFAULT_LIMITS,
                 progress: bool = True) -> list[StudentResult]:
     """Grade every submission of ``assignment`` (or only ``students``), record grades and feedback.
 
@@ -137,8 +136,7 @@ def grade_class(course: Path, assignment: str, *, students: Iterable[str] | None
     results: dict[str, StudentResult] = {}
     with nullcontext(client) if client is not None else dask_client(jobs, scheduler) as client:
         futures = {client.submit(grade_submission, course / "submitted" / s / assignment, releases, hidden, limits,
-                                 unsafe=unsafe, student=s, queued_at=time.time(), pure=False, retries=1): s
-                   for s in names}
+                                 student=s, queued_at=time.time(), pure=False, retries=1): s for s in names}
         with tqdm(total=len(names), desc=f"grade {assignment}", unit="submission", disable=not progress) as bar:
             for future in as_completed(futures):
                 s = futures[future]

@@ -28,9 +28,10 @@ __all__ = ["Submission", "call", "call_with_peak", "call_replacing", "invoke", "
            "expect_array", "expect_close", "expect_true", "expect_within_budget",
            "SmoothLoss"]
 
-# The public names of mha_lab (and of torch) that compute attention or its pieces for you.
-# An assignment allows a few of them (``ALLOWED_HELPERS`` in its hidden module).
-REFERENCE_MODULES = ("mha_lab.cpu", "mha_lab.analysis", "mha_lab.cuda", "mha_lab.gradcheck")
+# The public names of mha_lab (and of torch) that compute attention or its pieces for you; an assignment
+# allows a few of them (``ALLOWED_HELPERS`` in its hidden module). ``mha_lab.cuda`` is refused whole, by
+# name (importing it to list its names would cost seconds of torch).
+REFERENCE_MODULES = ("mha_lab.cpu", "mha_lab.analysis", "mha_lab.gradcheck")
 TORCH_REFERENCES = {"torch.nn.functional": ("scaled_dot_product_attention", "multi_head_attention_forward"),
                     "torch.nn": ("MultiheadAttention",)}
 
@@ -128,8 +129,6 @@ def _reference_names(allowed: frozenset[str]) -> dict[str, str]:
     """Forbidden public names -> the module that provides them (e.g. 'split_heads' -> 'mha_lab.cpu')."""
     names: dict[str, str] = {}
     for mod_name in REFERENCE_MODULES:
-        if mod_name == "mha_lab.cuda":  # importing it costs seconds (torch); its whole package is refused
-            continue
         for attr in getattr(importlib.import_module(mod_name), "__all__", ()):
             if attr not in allowed:
                 names.setdefault(attr, mod_name)

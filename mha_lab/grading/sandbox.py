@@ -53,6 +53,7 @@ class Limits:
     seconds: float = 300.0
     scratch: int = 256 * 2**20  # bytes of /scratch (files the code writes)
     output: int = 64 * 2**20  # bytes of one answer from the worker
+    unsafe: bool = False  # no sandbox at all (--unsafe-no-sandbox): for machines that cannot make one
 
 
 def bwrap() -> str:
@@ -168,20 +169,19 @@ def private_copy(submission: Path, limits: Limits) -> Path:
     return copy
 
 
-def start(argv: list[str], submission: Path, limits: Limits, *,
-          unsafe: bool = False) -> tuple[subprocess.Popen, Path | None]:
+def start(argv: list[str], submission: Path, limits: Limits) -> tuple[subprocess.Popen, Path | None]:
     """Start ``argv`` (a Python command) in a sandbox that sees ``submission`` (a ``private_copy``)
     read-only; stdin and stdout are pipes to it. Returns it and its ``memory_group`` (None where none
     can be made), which ``release`` removes once it has gone.
 
     The sandbox runs as uid ``200000 + this process's id`` when the grader is root (so that the
     process cap counts this sandbox only), else as the grader's own uid in a user namespace.
-    ``unsafe`` runs it unconfined, in the copy itself, for machines without a sandbox.
+    ``limits.unsafe`` runs it unconfined, in the copy itself.
     """
     uid = 200_000 + os.getpid() if os.getuid() == 0 else os.getuid()
-    group = None if unsafe else memory_group(limits.memory)
-    env = {**os.environ, "MHA_LAB_SANDBOX_UID": "", "MPLBACKEND": "Agg"} if unsafe else None
-    proc = subprocess.Popen(argv if unsafe else command(argv, submission, limits, uid), cwd=submission, env=env,
+    group = None if limits.unsafe else memory_group(limits.memory)
+    env = {**os.environ, "MHA_LAB_SANDBOX_UID": "", "MPLBACKEND": "Agg"} if limits.unsafe else None
+    proc = subprocess.Popen(argv if limits.unsafe else command(argv, submission, limits, uid), cwd=submission, env=env,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                             preexec_fn=lambda: _limit(limits, group))
     return proc, group

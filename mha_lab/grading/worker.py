@@ -208,12 +208,12 @@ class RemoteSubmission(dict):
     in the sandbox, results are judged here. Every request shares one deadline; ``stopped`` says why the
     worker is gone, once it is."""
 
-    def __init__(self, folder: Path, limits: sandbox.Limits, *, unsafe: bool = False, allowed: Sequence[str] = ()):
+    def __init__(self, folder: Path, limits: sandbox.Limits, allowed: Sequence[str] = ()) -> None:
         super().__init__()
-        self.limits, self.unsafe, self.allowed, self.cells, self.stopped = limits, unsafe, frozenset(allowed), (), ""
+        self.limits, self.allowed, self.cells, self.stopped = limits, frozenset(allowed), (), ""
         self.copy = sandbox.private_copy(folder, limits)
         self.proc, self.group = sandbox.start([sandbox.PYTHON, "-m", "mha_lab.grading.worker", str(limits.processes)],
-                                              self.copy, limits, unsafe=unsafe)
+                                              self.copy, limits)
         self.timer = threading.Timer(limits.seconds, self._kill,
                                      [f"the submission ran out of its {limits.seconds:.0f} s"])
         self.timer.start()
@@ -281,7 +281,7 @@ class RemoteSubmission(dict):
         self.stopped = self.stopped or reason
         pid = self.proc.pid
         try:
-            inner = [] if self.unsafe else Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+            inner = [] if self.limits.unsafe else Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
         except OSError:
             inner = []
         for victim in inner or [pid]:
