@@ -78,8 +78,8 @@ def grade_submission(folder: Path, releases: dict[str, dict], hidden: Path, limi
         t0 = time.time()
         with closing(RemoteSubmission(Path(folder), limits, getattr(module, "ALLOWED_HELPERS", ()))) as sandboxed:
             try:
-                for cell, outputs in zip(code, sandboxed.run([c.source for c in code]), strict=False):
-                    cell.outputs = [_output(o) for o in outputs if isinstance(o, dict)]
+                for cell, (text, error) in zip(code, sandboxed.run([c.source for c in code]), strict=False):
+                    cell.outputs = _outputs(str(text), str(error))
             except Exception as exc:  # noqa: BLE001 - the worker stopped, or answered in a shape it should not
                 result.error = str(exc)
             t1 = time.time()
@@ -98,12 +98,13 @@ def grade_submission(folder: Path, releases: dict[str, dict], hidden: Path, limi
     return result
 
 
-def _output(o: dict) -> nbformat.NotebookNode:
-    """An output the sandbox sent, rebuilt from its strings only (and cut to a readable size)."""
-    if o.get("output_type") == "error":
-        ename, evalue = str(o.get("ename"))[:100], str(o.get("evalue"))[:2000]
-        return nbformat.v4.new_output("error", ename=ename, evalue=evalue, traceback=[f"{ename}: {evalue}"])
-    return nbformat.v4.new_output("stream", name="stdout", text=str(o.get("text", ""))[:20_000])
+def _outputs(text: str, error: str) -> list[nbformat.NotebookNode]:
+    """A cell's outputs for the feedback, from the strings the sandbox sent, cut to a readable size."""
+    outputs = [nbformat.v4.new_output("stream", name="stdout", text=text[:20_000])] if text else []
+    if error:
+        ename, _, evalue = error[:2000].partition(": ")
+        outputs.append(nbformat.v4.new_output("error", ename=ename, evalue=evalue, traceback=[error[:2000]]))
+    return outputs
 
 
 @contextmanager

@@ -152,21 +152,19 @@ class _Capped(io.StringIO):
         return super().write(str(text)[:max(OUTPUT_CHARS - self.tell(), 0)]) if self.tell() < OUTPUT_CHARS else 0
 
 
-def _run_cell(source: str, namespace: dict) -> list[dict]:
-    """Execute one cell; its output as nbformat outputs (printed text, then the error if any)."""
-    out, outputs = _Capped(), []
+def _run_cell(source: str, namespace: dict) -> tuple[str, str]:
+    """Execute one cell: what it printed, and its error as ``"Name: message"`` ('' when none)."""
+    out, error = _Capped(), ""
     signal.signal(signal.SIGALRM, _alarm)
     signal.alarm(CELL_SECONDS)
     try:
         with redirect_stdout(out), redirect_stderr(out):
             exec(compile(source, "<cell>", "exec"), namespace)  # noqa: S102 - the student's code, sandboxed
     except BaseException as exc:  # noqa: BLE001 - a broken cell is the student's problem: go on
-        outputs.append({"output_type": "error", "ename": type(exc).__name__, "evalue": str(exc), "traceback": []})
+        error = f"{type(exc).__name__}: {exc}"
     finally:
         signal.alarm(0)
-    if out.getvalue():
-        outputs.insert(0, {"output_type": "stream", "name": "stdout", "text": out.getvalue()})
-    return outputs
+    return out.getvalue(), error
 
 
 def serve() -> None:
@@ -219,7 +217,7 @@ class RemoteSubmission(dict):
         self.timer.start()
 
     def run(self, cells: Sequence[str]) -> list:
-        """Execute the notebook's code cells; the outputs of each (printed text, then the error if any)."""
+        """Execute the notebook's code cells; for each, what it printed and its error (see ``_run_cell``)."""
         self.cells = tuple(cells)
         reply, _ = self.request({"op": "run", "cells": list(cells)})
         self.update({n: f"<{n} in the submission's sandbox>" for n in reply.get("names", []) if isinstance(n, str)})
