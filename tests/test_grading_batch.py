@@ -196,8 +196,9 @@ def test_cli_refuses_without_a_sandbox_and_names_the_fix(course, monkeypatch, ca
         raise sandbox.SandboxError(f"no sandbox: bwrap was not found; {sandbox.FIX}")
 
     monkeypatch.setattr(sandbox, "check", no_sandbox)
-    assert cli.main(["demo", "--course", str(course)]) == 1
-    assert "apt-get install bubblewrap" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:
+        cli.main(["demo", "--course", str(course)])
+    assert info.value.code == 1 and "apt-get install bubblewrap" in capsys.readouterr().err
     with pytest.raises(SystemExit) as info:
         cli.main(["nothing", "--course", str(course)])
     assert info.value.code == 2 and "no assignment 'nothing'" in capsys.readouterr().err

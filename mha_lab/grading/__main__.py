@@ -41,8 +41,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             sandbox.check()
         except sandbox.SandboxError as exc:
-            print(f"cannot grade: {exc}", file=sys.stderr)
-            return 1
+            parser.exit(1, f"cannot grade: {exc}\n")
     limits = sandbox.Limits(memory=args.memory, seconds=args.timeout, unsafe=args.unsafe_no_sandbox)
     with batch.dask_client(args.jobs, args.scheduler) as client:
         for a in todo:

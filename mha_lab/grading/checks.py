@@ -208,10 +208,8 @@ def _root(node: ast.AST) -> str:
 
 def expect_array(value: Any, *, what: str, shape: tuple[int, ...], dtype: Any = np.float64,
                  hint: str = "overflow in exp (softmax without subtracting the max?) or a wrong mask") -> np.ndarray:
-    """Type, shape, dtype and finiteness, in that order, each failure naming ``what``.
-
-    ``hint`` is the likely bug when entries are NaN or inf.
-    """
+    """Type, shape, dtype and finiteness, in that order, each failure naming ``what``; ``hint`` is the
+    likely bug when entries are NaN or inf."""
     if type(value) is not np.ndarray:
         raise AssertionError(f"{what}: expected a numpy.ndarray, got {type(value).__name__}")
     if value.shape != tuple(shape):

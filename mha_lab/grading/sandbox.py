@@ -12,6 +12,7 @@ cannot add up past the cap; RLIMIT_DATA caps each process everywhere.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import resource
@@ -133,14 +134,11 @@ def peak(group: Path) -> int:
 
 def release(group: Path | None) -> None:
     """Remove a memory group once its processes have gone (the kernel may take a moment to let go)."""
-    for _ in range(50) if group is not None else ():
-        try:
+    for _ in range(50 if group is not None and group.exists() else 0):
+        with contextlib.suppress(OSError):
             group.rmdir()
             return
-        except FileNotFoundError:
-            return
-        except OSError:
-            time.sleep(0.02)
+        time.sleep(0.02)
 
 
 def _limit(limits: Limits, group: Path | None = None) -> None:
@@ -157,12 +155,9 @@ def private_copy(submission: Path, limits: Limits) -> Path:
     """A readable copy of the submission folder in a new temporary folder: links stay links, and
     files larger than the scratch space are left out."""
     copy = Path(tempfile.mkdtemp(prefix="mha_lab_submission_"))
-
-    def too_big(folder: str, names: list[str]) -> list[str]:
-        paths = [Path(folder) / n for n in names]
-        return [p.name for p in paths if p.is_file() and not p.is_symlink() and p.stat().st_size > limits.scratch]
-
-    shutil.copytree(submission, copy, symlinks=True, ignore=too_big, dirs_exist_ok=True)
+    shutil.copytree(submission, copy, symlinks=True, dirs_exist_ok=True, ignore=lambda folder, names: [
+        n for n in names
+        if (p := Path(folder, n)).is_file() and not p.is_symlink() and p.stat().st_size > limits.scratch])
     for path in [copy, *copy.rglob("*")]:
         if not path.is_symlink():
             path.chmod(0o755 if path.is_dir() else 0o644)

@@ -276,14 +276,10 @@ class RemoteSubmission(dict):
     def _kill(self, reason: str) -> None:
         """Stop the worker, recording why (the first reason stands). Killing the sandbox's first process
         (bwrap's child) is enough: the kernel then ends every process of its pid namespace."""
-        self.stopped = self.stopped or reason
-        pid = self.proc.pid
-        try:
+        self.stopped, pid = self.stopped or reason, self.proc.pid
+        with contextlib.suppress(OSError):  # it has gone already
             inner = [] if self.limits.unsafe else Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-        except OSError:
-            inner = []
-        for victim in inner or [pid]:
-            with contextlib.suppress(ProcessLookupError):
+            for victim in inner or [pid]:
                 os.kill(int(victim), signal.SIGKILL)
 
     def close(self) -> None:
