@@ -201,7 +201,7 @@ def test_a_measured_call_sees_numpy_buffers_and_the_budget_fails():
         checks.expect_within_budget(peak, 1_000_000, what="forward", hint="full score matrix")
 
 
-# --- running a group -----------------------------------------------------------------------------
+# --- judging a tests cell ---------------------------------------------------------------------------
 
 
 @pytest.fixture
@@ -231,10 +231,12 @@ def hidden_dir(tmp_path, monkeypatch):
     return tmp_path
 
 
-def test_group_names_are_exact(hidden_dir):
-    module = judge.load(judge.hidden_module("demo"))
-    assert [name for name, _ in judge.group(module, "flip")] == ["test_flip", "test_flip__square"]
-    assert [name for name, _ in judge.group(module, "flipped")] == ["test_flipped"]
+def test_a_tests_cell_runs_exactly_its_own_checks(hidden_dir):
+    module, wrong = judge.load(judge.hidden_module("demo")), checks.Submission({"flip": lambda x: x.copy()})
+    assert judge.judge_cell(module, "flip", checks.Submission({"flip": lambda x: x.T.copy()})) == ""
+    assert judge.judge_cell(module, "flip", wrong).splitlines()[0] == "flip: 2 hidden check(s) failed"
+    assert judge.judge_cell(module, "flipped", wrong) == ("flipped: 1 hidden check(s) failed\n"
+                                                          "- test_flipped: test_flipped is another group")
 
 
 def test_run_hidden_checks_passes_quietly_and_fails_with_every_message(hidden_dir):

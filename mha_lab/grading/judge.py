@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -18,8 +18,7 @@ from typing import Any
 import mha_lab
 from mha_lab.grading import checks
 
-__all__ = ["HIDDEN_DIR_ENV", "hidden_module", "load", "group", "judge_cell",
-           "run_hidden_checks"]
+__all__ = ["HIDDEN_DIR_ENV", "hidden_module", "load", "judge_cell", "run_hidden_checks"]
 
 HIDDEN_DIR_ENV = "MHA_LAB_HIDDEN_DIR"
 
@@ -43,15 +42,10 @@ def load(path: Path) -> ModuleType:
     return module
 
 
-def group(module: ModuleType, name: str) -> list[tuple[str, Callable]]:
-    """The check functions of one tests cell: ``test_<name>`` and ``test_<name>__<case>``."""
-    return [(k, v) for k, v in vars(module).items() if callable(v) and k.partition("__")[0] == f"test_{name}"]
-
-
 def judge_cell(module: ModuleType, name: str, student: Mapping[str, Any]) -> str:
-    """Call every check of the tests cell ``name``: '' when all pass, else a message for the feedback
-    that names each failing check and the likely bug."""
-    tests = group(module, name)
+    """Call every check of the tests cell ``name`` (``test_<name>`` and ``test_<name>__<case>``): '' when all
+    pass, else a message for the feedback that names each failing check and the likely bug."""
+    tests = [(k, v) for k, v in vars(module).items() if callable(v) and k.partition("__")[0] == f"test_{name}"]
     failures = [] if tests else [f"- no hidden checks for tests cell {name!r}: no points can be given"]
     for check, fn in tests:
         try:
