@@ -52,19 +52,15 @@ class StudentResult:
     notebooks: dict[str, dict] = field(default_factory=dict)  # name -> the executed notebook, for feedback
 
 
-def _tests_cells(release: dict) -> list[tuple[str, float]]:
-    return [(c["metadata"]["nbgrader"]["grade_id"], float(c["metadata"]["nbgrader"].get("points", 0)))
-            for c in release["cells"] if c["metadata"].get("nbgrader", {}).get("grade") and c["cell_type"] == "code"]
-
-
 def grade_submission(folder: Path, releases: dict[str, dict], hidden: Path, limits: Limits = DEFAULT_LIMITS, *,
                      student: str = "", queued_at: float | None = None) -> StudentResult:
     """Grade the submission in ``folder`` against the assignment's ``releases`` (name -> notebook) and its
     ``hidden`` checks: run it in a sandbox, judge every tests cell here. Never raises."""
     result = StudentResult(student or Path(folder).parent.name)
     result.timings = {"queue": time.time() - queued_at if queued_at else 0.0, "run": 0.0, "judge": 0.0}
-    result.cells = [CellResult(g, 0.0, p, notebook=Path(n).stem) for n, r in releases.items()
-                    for g, p in _tests_cells(r)]
+    result.cells = [CellResult(c.metadata.nbgrader.grade_id, 0.0, float(c.metadata.nbgrader.get("points", 0)),
+                               notebook=Path(n).stem) for n, release in releases.items() for c in release.cells
+                    if c.cell_type == "code" and c.metadata.get("nbgrader", {}).get("grade")]
     result.max_score = sum(c.max_score for c in result.cells)
     try:
         submitted = {n: courses.submitted_notebook(folder, n) for n in releases}

@@ -26,9 +26,7 @@ def summary_table(results: Sequence[StudentResult], *, unsafe: bool = False) -> 
     """A plain-text table: student, score, max, and the failed tests cells (or why grading failed)."""
     rows = [("student", "score", "max", "failed tests cells / error")]
     for r in results:
-        detail = f"NOT GRADED: {r.error}" if r.error and not r.notebooks else _failures(r)
-        if r.error and r.notebooks:
-            detail = f"{detail} [{r.error}]"
+        detail = _failures(r) + (f" [{r.error}]" if r.error else "") if r.notebooks else f"NOT GRADED: {r.error}"
         rows.append((r.student, f"{r.score:g}", f"{r.max_score:g}", detail))
     widths = [max(len(row[i]) for row in rows) for i in range(3)]
     lines = ["  ".join(row[i].ljust(widths[i]) for i in range(3)) + "  " + row[3] for row in rows]

@@ -74,10 +74,9 @@ def _mounts() -> list[str]:
     """Read-only binds: system libraries, the interpreter, the venv and the mha_lab package only."""
     args = []
     for top in ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64"):
-        path = Path(top)
-        if path.is_symlink():
-            args += ["--symlink", os.readlink(path), top]
-        elif path.is_dir():
+        if os.path.islink(top):
+            args += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
             args += ["--ro-bind", top, top]
     binds = {Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve(), Path(mha_lab.__file__).resolve().parent}
     binds = sorted(p for p in binds if not str(p).startswith("/usr/"))

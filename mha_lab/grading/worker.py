@@ -53,10 +53,9 @@ def encode(value: Any, arrays: list[np.ndarray]) -> Any:
     if isinstance(value, np.ndarray | np.generic):
         if value.dtype.hasobject:
             raise ValueError("arrays of Python objects cannot be sent without pickles")
-        index = next((i for i, a in enumerate(arrays) if a is value), None)
-        if index is None:
-            index = len(arrays)
+        if not any(a is value for a in arrays):
             arrays.append(value)
+        index = next(i for i, a in enumerate(arrays) if a is value)
         return {"__ndarray__" if isinstance(value, np.ndarray) else "__npscalar__": index}
     if value is None or isinstance(value, bool | int | float | str):
         return value
