@@ -177,7 +177,7 @@ def start(argv: list[str], submission: Path, limits: Limits) -> tuple[subprocess
     env = {**os.environ, "MHA_LAB_SANDBOX_UID": "", "MPLBACKEND": "Agg"} if limits.unsafe else None
     proc = subprocess.Popen(argv if limits.unsafe else command(argv, submission, limits, uid), cwd=submission, env=env,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                            preexec_fn=lambda: _limit(limits, group))
+                            start_new_session=limits.unsafe, preexec_fn=lambda: _limit(limits, group))
     return proc, group
 
 

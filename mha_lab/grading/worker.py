@@ -213,6 +213,7 @@ class RemoteSubmission(dict):
                                               self.copy, limits)
         self.timer = threading.Timer(limits.seconds, self._kill,
                                      [f"the submission ran out of its {limits.seconds:.0f} s"])
+        self.timer.daemon = True  # the grader may exit while it waits
         self.timer.start()
 
     def run(self, cells: Sequence[str]) -> list:
@@ -274,11 +275,13 @@ class RemoteSubmission(dict):
 
     def _kill(self, reason: str) -> None:
         """Stop the worker, recording why (the first reason stands). Killing the sandbox's first process
-        (bwrap's child) is enough: the kernel then ends every process of its pid namespace."""
+        (bwrap's child) is enough: the kernel then ends every process of its pid namespace. Unconfined,
+        the worker's process group goes (a process that leaves it survives)."""
         self.stopped, pid = self.stopped or reason, self.proc.pid
         with contextlib.suppress(OSError):  # it has gone already
-            inner = [] if self.limits.unsafe else Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-            for victim in inner or [pid]:
+            if self.limits.unsafe:
+                os.killpg(pid, signal.SIGKILL)
+            for victim in Path(f"/proc/{pid}/task/{pid}/children").read_text().split() or [pid]:
                 os.kill(int(victim), signal.SIGKILL)
 
     def close(self) -> None:
