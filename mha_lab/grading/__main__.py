@@ -46,7 +46,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with batch.dask_client(args.jobs, args.scheduler) as client:
         for a in todo:
             results = batch.grade_class(root, a, students=args.student, client=client, limits=limits)
-            print(report.summary_table(results, unsafe=args.unsafe_no_sandbox))
+            print(report.summary_table(results, unsafe=limits.unsafe))
             out = root / f"grades_{a}.csv"
             report.write_csv(results, out, everyone=course.students(root))
             print(f"\nwrote {out}; gradebook {root / 'gradebook.db'}, feedback in {root / 'feedback'}\n")

@@ -21,7 +21,7 @@ from tqdm import tqdm
 from mha_lab.grading import course as courses
 from mha_lab.grading import judge
 from mha_lab.grading.sandbox import Limits
-from mha_lab.grading.worker import RemoteSubmission
+from mha_lab.grading.worker import OUTPUT_CHARS, RemoteSubmission
 
 __all__ = ["CellResult", "StudentResult", "grade_submission", "dask_client", "grade_class"]
 
@@ -96,7 +96,7 @@ def grade_submission(folder: Path, releases: dict[str, dict], hidden: Path, limi
 
 def _outputs(text: str, error: str) -> list[nbformat.NotebookNode]:
     """A cell's outputs for the feedback, from the strings the sandbox sent, cut to a readable size."""
-    outputs = [nbformat.v4.new_output("stream", name="stdout", text=text[:20_000])] if text else []
+    outputs = [nbformat.v4.new_output("stream", name="stdout", text=text[:OUTPUT_CHARS])] if text else []
     if error:
         ename, _, evalue = error[:2000].partition(": ")
         outputs.append(nbformat.v4.new_output("error", ename=ename, evalue=evalue, traceback=[error[:2000]]))

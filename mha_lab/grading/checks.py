@@ -241,6 +241,7 @@ def expect_true(condition: bool, *, what: str, hint: str) -> None:
     if not condition:
         raise AssertionError(f"{what}. Likely bug: {hint}")
 
+
 def expect_within_budget(peak: int, budget: int, *, what: str, hint: str) -> None:
     """Peak memory at most ``budget`` bytes, e.g. less than one full (B, h, L, L) score matrix."""
     if peak > budget:
