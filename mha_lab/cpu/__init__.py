@@ -11,6 +11,7 @@ from mha_lab.cpu.functional import (
     softmax_backward,
     split_heads,
 )
+from mha_lab.cpu.latent import LatentAttention, LatentCache
 from mha_lab.cpu.memory import (
     Checkpointed,
     ChunkedLayer,
@@ -37,5 +38,5 @@ __all__ = [
     "per_head_attention", "head_by_head_forward", "chunked_forward", "chunked_attention", "chunked_attention_backward",
     "ChunkedLayer", "Checkpointed", "KVCache", "prefill", "decode_step",
     "sinusoidal_encoding", "LearnedPositions", "apply_rope", "rotation_matrix", "interleaved_to_half",
-    "RotaryAttention", "alibi_slopes", "alibi_bias",
+    "RotaryAttention", "alibi_slopes", "alibi_bias", "LatentAttention", "LatentCache",
 ]
