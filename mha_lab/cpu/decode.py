@@ -93,7 +93,8 @@ def decode_step(layer: GroupedQueryAttention, x: np.ndarray,
                          "x (B, 1, d_model); "
                          f"got shape {x.shape}; run a prompt with prefill")
     offset = cache.length if offset is None else offset
-    q, k, v = _project_qkv(layer, x, offset)  # (B, h, 1, d_k), (B, h_kv, 1, d_k) twice
+    # (B, h, 1, d_k), (B, h_kv, 1, d_k) twice
+    q, k, v = _project_qkv(layer, x, offset)
     cache.append(k, v)
     # h query heads against h_kv cached heads: (B, h, 1, d_k)
     z, _ = scaled_dot_product_attention(q, cache.keys, cache.values, enable_gqa=True)

@@ -6,7 +6,7 @@ way. Positions enter in one of three places:
 - added to the input: ``sinusoidal_encoding`` (fixed) or ``LearnedPositions`` (a trained table);
 - rotating queries and keys: ``apply_rope`` (RoPE), so that :math:`q_m \cdot k_n` depends on
   :math:`n - m` only; ``RotaryAttention`` is a layer that does it, with a KV cache;
-- biasing the scores: ``alibi_bias`` (ALiBi), :math:`-m_h\,|i - j|` added like a mask.
+- biasing the scores: ``alibi_bias`` (ALiBi), :math:`-\alpha_h\,|i - j|` added like a mask.
 
 RoPE comes in two layouts that pair different coordinates: ``"interleaved"`` rotates
 :math:`(x_{2i}, x_{2i+1})` (the RoPE paper, GPT-J), ``"half"`` rotates :math:`(x_i, x_{i+d/2})`
@@ -89,21 +89,22 @@ def _pairs(layout: Layout, dim: int) -> tuple[slice, slice]:
     raise ValueError(f"layout must be 'interleaved' or 'half', got {layout!r}")
 
 
-def apply_rope(x: np.ndarray, positions: np.ndarray, layout: Layout = "half", base: float = 10000.0) -> np.ndarray:
-    r"""Rotate each pair of coordinates of the vector at position p by :math:`\theta_{p,i}`.
+def apply_rope(x: np.ndarray, positions: np.ndarray, layout: Layout = "half",
+               base: float = 10000.0) -> np.ndarray:
+    r"""Rotate each pair (a, b) of the vector at position p by :math:`\theta_{p,i}`.
 
-    .. math:: \begin{pmatrix} x'_a \\ x'_b \end{pmatrix} =
-              \begin{pmatrix} \cos\theta & -\sin\theta \\ \sin\theta & \cos\theta \end{pmatrix}
-              \begin{pmatrix} x_a \\ x_b \end{pmatrix}
+    .. math:: x'_a = x_a \cos\theta - x_b \sin\theta, \quad
+              x'_b = x_a \sin\theta + x_b \cos\theta
 
-    Shapes: x (..., L, d) with d even, positions (L,) -> (..., L, d). The pairs (a, b) are set by
-    ``layout`` (see the module docstring).
+    Shapes: x (..., L, d) with d even, positions (L,) -> (..., L, d).
+    ``layout`` sets the pairs (see the module docstring).
     """
     dim = x.shape[-1]
     _check_even(dim, "the head size")
     positions = np.asarray(positions)
     if positions.shape != (x.shape[-2],):
-        raise ValueError(f"positions must have shape (L,) = ({x.shape[-2]},), got {positions.shape}")
+        raise ValueError(f"positions must have shape (L,) = ({x.shape[-2]},), "
+                         f"got {positions.shape}")
     angles = rope_angles(positions, dim, base)  # (L, d/2)
     cos, sin = np.cos(angles), np.sin(angles)
     a, b = _pairs(layout, dim)
@@ -168,9 +169,12 @@ class RotaryAttention(GroupedQueryAttention):
         positions = np.arange(offset, offset + x.shape[-2])
         return apply_rope(x, positions, self.layout, self.base).astype(self.dtype, copy=False)
 
-    def project_qkv(self, X: np.ndarray, offset: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Q and K rotated at positions ``offset + i``; V as is. Shapes as in ``GroupedQueryAttention``."""
-        Q, K, V = super().project_qkv(X)  # (B, h, L, d_k), (B, h_kv, L, d_k), (B, h_kv, L, d_k)
+    def project_qkv(self, X: np.ndarray, offset: int = 0) -> tuple[np.ndarray, ...]:
+        """Q and K rotated at positions ``offset + i``; V as is.
+
+        Shapes: X (B, L, d_model) -> Q (B, h, L, d_k); K, V (B, h_kv, L, d_k).
+        """
+        Q, K, V = super().project_qkv(X)
         return self.rotate(Q, offset), self.rotate(K, offset), V
 
     def forward(self, X: np.ndarray, mask: np.ndarray | None = None, offset: int = 0) -> np.ndarray:
@@ -186,7 +190,7 @@ class RotaryAttention(GroupedQueryAttention):
 
 
 def alibi_slopes(num_heads: int) -> np.ndarray:
-    r"""ALiBi's per-head slopes :math:`m_h`: the geometric sequence :math:`2^{-8k/h}`, k = 1..h.
+    r"""ALiBi's per-head slopes :math:`\alpha_h` (m in the paper): the geometric sequence :math:`2^{-8k/h}`, k = 1..h.
 
     For h not a power of two (Press et al., appendix): the slopes of the nearest smaller power
     of two n, then every other slope of 2n, up to h in all. Shape (h,).
@@ -202,11 +206,11 @@ def alibi_slopes(num_heads: int) -> np.ndarray:
 
 
 def alibi_bias(num_heads: int, seq_len_q: int, seq_len_k: int | None = None) -> np.ndarray:
-    r"""ALiBi's additive score bias :math:`-m_h\,|i - j|`, to add to the scores like a mask.
+    r"""ALiBi's additive score bias :math:`-\alpha_h\,|i - j|`, to add to the scores like a mask.
 
     Shapes: -> (1, h, L_q, L_k). Queries are the last L_q of the L_k positions (decoding), so
     query i sits at position :math:`L_k - L_q + i`. Under a causal mask this is the paper's
-    :math:`m_h\,(j - i)`; add ``create_causal_mask`` for a decoder.
+    :math:`\alpha_h\,(j - i)`; add ``create_causal_mask`` for a decoder.
     """
     L_k = seq_len_q if seq_len_k is None else seq_len_k
     if seq_len_q > L_k:
