@@ -137,17 +137,21 @@ class LatentAttention:
         W_O = self.W_O.reshape(h, d_h, self.d_model)  # (h*d_h, d_model) -> (h, d_h, d_model)
         return W_UK, W_UV @ W_O  # (h, d_c, d_h) @ (h, d_h, d_model) -> (h, d_c, d_model)
 
-    def _attend_latent(self, X: np.ndarray, cache: LatentCache, offset: int, mask: np.ndarray | None) -> np.ndarray:
-        """Queries of X against every cached latent, with absorbed weights: (B, L, d_model) -> same."""
-        W_UK, W_OV = self.absorbed()
+    def _attend_latent(self, X: np.ndarray, cache: LatentCache, offset: int,
+                       mask: np.ndarray | None) -> np.ndarray:
+        """X's queries against the cached latents, absorbed: (B, L, d_model) -> same."""
+        W_UK, W_OV = self.absorbed()  # (h, d_h, d_c), (h, d_c, d_model)
         q_c, q_r = self.queries(X, offset)  # (B, h, L, d_h), (B, h, L, d_R)
         q_lat = q_c @ W_UK  # (B, h, L, d_h) @ (h, d_h, d_c) -> (B, h, L, d_c)
-        c, k_r = cache.latents[:, None], cache.rope_keys[:, None]  # (B, 1, t, d_c), (B, 1, t, d_R)
-        scores = (q_lat @ c.swapaxes(-1, -2) + q_r @ k_r.swapaxes(-1, -2)) / np.sqrt(self.head_dim + self.rope_dim)
+        c = cache.latents[:, None]  # (B, t, d_c) -> (B, 1, t, d_c): shared by the heads
+        k_r = cache.rope_keys[:, None]  # (B, t, d_R) -> (B, 1, t, d_R)
+        scores = q_lat @ c.swapaxes(-1, -2) + q_r @ k_r.swapaxes(-1, -2)  # (B, h, L, t)
+        scores /= np.sqrt(self.head_dim + self.rope_dim)
         if mask is not None:
-            scores += mask  # (B, h, L, t)
+            scores += mask
         o_lat = softmax(scores) @ c  # (B, h, L, t) @ (B, 1, t, d_c) -> (B, h, L, d_c)
-        return np.einsum("bhlc,hcm->blm", o_lat, W_OV)  # sum over heads of o_lat_i W_OV_i: (B, L, d_model)
+        # sum over the heads of o_lat_i W_OV_i: (B, L, d_model)
+        return np.einsum("bhlc,hcm->blm", o_lat, W_OV)
 
     def new_cache(self, batch_size: int, max_len: int) -> LatentCache:
         """An empty cache for this layer: ``(d_c + d_R) * max_len * batch_size`` numbers."""
