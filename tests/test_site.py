@@ -7,7 +7,7 @@ Pages are read at 1400 px, where the layout checks apply: no code, output or tab
 column, no raw LaTeX or build plumbing in the text, a summary in every chapter and a numbered caption
 under every figure. (The size of the text inside figures is checked when ``mha_lab.plots`` saves
 them.) Screenshots land in ``_build/screenshots/``: the home, notation and first chapter pages, and
-chapters 2, 3 and 9 at 1400 px and at phone width.
+chapters 2 and 3 and the tensor-parallel chapter at 1400 px and at phone width.
 """
 
 from __future__ import annotations
