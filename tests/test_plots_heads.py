@@ -73,8 +73,9 @@ def test_loop_vs_fused_timing_records_and_figure(monkeypatch):
     from mha_lab.plots import layout
     from mha_lab.plots.layout import plot_loop_vs_fused, time_loop_vs_fused
 
-    def fake_times(fns, repeat):
+    def fake_times(fns, repeat, statistic):
         """Runs each candidate once (both must compute the same layer) and reports known times."""
+        assert statistic == "min"
         assert_close(fns["loop"]()[0], fns["fused"]())
         return times.pop(0)
 
