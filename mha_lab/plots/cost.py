@@ -37,7 +37,7 @@ from mha_lab.measure import (
     torch_peak_memory,
     traced_memory,
 )
-from mha_lab.plots.style import check, legend_outside, new_figure
+from mha_lab.plots.style import check, legend_outside, log_ticks, new_figure
 from mha_lab.tables import markdown_table
 
 __all__ = [
@@ -53,6 +53,9 @@ _GROUPS = {"projections": ("proj_q", "proj_kv", "proj_o"), "attention core (QK^T
 def _finish(fig: Figure, ax, legend: str = "right", **labels) -> Figure:
     """Label the axes, add a grid and a legend beside the plot, and check the figure's style."""
     ax.set(**labels)
+    for axis in (ax.xaxis, ax.yaxis):
+        if axis.get_scale() == "log":
+            log_ticks(axis)
     ax.grid(True, which="major", alpha=0.3)
     legend_outside(ax, legend)
     return check(fig)

@@ -7,11 +7,10 @@ from collections.abc import Sequence
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
-from matplotlib.ticker import NullFormatter, ScalarFormatter
 
 from mha_lab.cpu import MultiHeadAttention, per_head_attention, split_heads
 from mha_lab.measure import interleaved_times
-from mha_lab.plots.style import check, legend_outside, new_figure
+from mha_lab.plots.style import check, legend_outside, log_ticks, new_figure
 
 __all__ = ["describe_layout", "plot_head_split_layout", "time_loop_vs_fused", "plot_loop_vs_fused"]
 
@@ -89,8 +88,7 @@ def plot_loop_vs_fused(records: Sequence[dict[str, float]]) -> Figure:
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xticks(h, [str(x) for x in h])
-    ax.yaxis.set_major_formatter(ScalarFormatter())
-    ax.yaxis.set_minor_formatter(NullFormatter())
+    log_ticks(ax.yaxis)
     ax.set_xlabel("number of heads h (d_model fixed)")
     ax.set_ylabel("fastest time per forward (ms)")
     legend_outside(ax)
