@@ -408,7 +408,7 @@ def run_suite(quick: bool = False, sections: tuple[str, ...] = SECTIONS, progres
         calls = shape.backwards() if section == "backward" else forwards
         repeat = 1 if L >= 4096 else R  # at L=4096 a call takes seconds: one timed run keeps the suite ~10 min
         # the agreement check was the warm-up
-        times = interleaved_times(calls, repeat=repeat, warmup=0, statistic=g["statistic"])
+        times = interleaved_times(calls, repeat=repeat, warmup=0, statistic=g.get("statistic", "median"))
         results.rows += [_row(section, impl, dtype, B, L, d, h, seconds=t, gemm=gemm) for (impl, dtype), t in
                          times.items()]
     if "tp" in sections and g["tp_ranks"] and _torch() is not None:
