@@ -129,15 +129,15 @@ def heads_table(batch_size: int, seq_len: int, d_model: int, heads: Iterable[int
 
 
 def kv_cache_table(seq_len: int = 4096, dtype: DType = "float16", configs: Iterable[ModelConfig] | None = None) -> str:
-    """Each model's attention shape and KV cache per token and at ``seq_len`` tokens (batch 1)."""
+    """Each model's attention shape and KV cache per token and at ``seq_len`` tokens (batch 1), in binary units."""
     rows = []
     for c in configs or MODEL_CONFIGS.values():
         per_token = kv_cache_bytes(c, 1, dtype=dtype)
         full = kv_cache_bytes(c, seq_len, dtype=dtype)
         rows.append((c.name, c.n_layers, c.d_model, c.n_heads, c.n_kv_heads, c.head_dim, c.kind,
-                     c.sliding_window or "-", f"{per_token / 2**10:,.0f}", f"{gib(full):.3g}", f"{full / 1e9:.3g}"))
-    return markdown_table(["model", "layers", "d_model", "Q heads", "KV heads", "d_k", "kind", "window",
-                           "KiB / token", f"GiB at {seq_len}", f"GB at {seq_len}"], rows)
+                     c.sliding_window or "-", f"{per_token / 2**10:,.0f}", f"{gib(full):.3g}"))
+    return markdown_table(["model", "layers", "d_model", "h", "h_kv", "d_k", "kind", "window",
+                           "KiB / token", f"GiB at {seq_len}"], rows)
 
 
 def plot_flops_vs_length(d_model: int = 4096, n_heads: int = 32, lengths: Sequence[int] | None = None) -> Figure:
