@@ -283,7 +283,8 @@ def plot_peak_memory(lengths: Sequence[int], peaks: dict[str, Sequence[int]], fi
         sel = L >= fit_from
         k = fit_exponent(L[sel], ys[sel])
         ax.loglog(L, ys, "o-", label=f"{name}: ~L^{k:.2f}")
-    return _finish(fig, ax, xlabel="sequence length L (tokens)", ylabel="peak memory of the forward (MiB)",
+    return _finish(fig, ax, legend="below", xlabel="sequence length L (tokens)",
+                   ylabel="peak memory of the forward (MiB)",
                    title=f"Measured with tracemalloc (fit over L ≥ {fit_from})")
 
 
