@@ -39,7 +39,7 @@ from mha_lab.measure import (
     torch_peak_memory,
     traced_memory,
 )
-from mha_lab.plots.style import check, legend_outside, new_figure
+from mha_lab.plots.style import check, legend_outside, log_ticks, new_figure
 from mha_lab.tables import markdown_table
 
 __all__ = [
@@ -55,6 +55,9 @@ _GROUPS = {"projections": ("proj_q", "proj_kv", "proj_o"), "attention core (QK^T
 def _finish(fig: Figure, ax, legend: str = "right", **labels) -> Figure:
     """Label the axes, add a grid and a legend beside the plot, and check the figure's style."""
     ax.set(**labels)
+    for axis in (ax.xaxis, ax.yaxis):
+        if axis.get_scale() == "log":
+            log_ticks(axis)
     ax.grid(True, which="major", alpha=0.3)
     legend_outside(ax, legend)
     return check(fig)
@@ -128,15 +131,15 @@ def heads_table(batch_size: int, seq_len: int, d_model: int, heads: Iterable[int
 
 
 def kv_cache_table(seq_len: int = 4096, dtype: DType = "float16", configs: Iterable[ModelConfig] | None = None) -> str:
-    """Each model's attention shape and KV cache per token and at ``seq_len`` tokens (batch 1)."""
+    """Each model's attention shape and KV cache per token and at ``seq_len`` tokens (batch 1), in binary units."""
     rows = []
     for c in configs or MODEL_CONFIGS.values():
         per_token = kv_cache_bytes(c, 1, dtype=dtype)
         full = kv_cache_bytes(c, seq_len, dtype=dtype)
         rows.append((c.name, c.n_layers, c.d_model, c.n_heads, c.n_kv_heads, c.head_dim, c.kind,
-                     c.sliding_window or "-", f"{per_token / 2**10:,.0f}", f"{gib(full):.3g}", f"{full / 1e9:.3g}"))
-    return markdown_table(["model", "layers", "d_model", "Q heads", "KV heads", "d_k", "kind", "window",
-                           "KiB / token", f"GiB at {seq_len}", f"GB at {seq_len}"], rows)
+                     c.sliding_window or "-", f"{per_token / 2**10:,.0f}", f"{gib(full):.3g}"))
+    return markdown_table(["model", "layers", "d_model", "h", "h_kv", "d_k", "kind", "window",
+                           "KiB / token", f"GiB at {seq_len}"], rows)
 
 
 def kv_variants_table(config: ModelConfig, gqa_kv_heads: int = 8, seq_len: int = 4096,
@@ -305,7 +308,8 @@ def plot_peak_memory(lengths: Sequence[int], peaks: dict[str, Sequence[int]], fi
         sel = L >= fit_from
         k = fit_exponent(L[sel], ys[sel])
         ax.loglog(L, ys, "o-", label=f"{name}: ~L^{k:.2f}")
-    return _finish(fig, ax, xlabel="sequence length L (tokens)", ylabel="peak memory of the forward (MiB)",
+    return _finish(fig, ax, legend="below", xlabel="sequence length L (tokens)",
+                   ylabel="peak memory of the forward (MiB)",
                    title=f"Measured with tracemalloc (fit over L ≥ {fit_from})")
 
 
