@@ -1,9 +1,6 @@
-"""Grade one submission (``grade_submission``), or a class on Dask ``distributed`` (``grade_class``).
-
-One submission: its notebooks are merged with the release and run in a sandbox by the worker; every
-tests cell is judged here by its hidden checks, calling into that sandbox. A class: the same function
-mapped over the students on a ``LocalCluster`` or any cluster; a task whose Dask worker dies is tried
-once more. The gradebook, autograded notebooks and feedback are written here, after the sandboxes.
+"""Grade one submission (``grade_submission``: its notebooks, merged with the release, run in a sandbox;
+every tests cell is judged here), or a class on Dask ``distributed`` (``grade_class``: a task whose worker
+dies is tried once more). The gradebook, autograded notebooks and feedback are written after the sandboxes.
 """
 
 from __future__ import annotations
@@ -97,8 +94,7 @@ def grade_submission(folder: Path, releases: dict[str, dict], hidden: Path, limi
 
 
 def _definitions(code: list[nbformat.NotebookNode]) -> tuple[list[str], list[str]]:
-    """The code cells before the first answer cell, and from it to the last answer cell those that are not
-    tests: what defines the student's functions without calling them (``RemoteSubmission.run``)."""
+    """The code cells before the first answer cell, then up to the last one those that are not tests."""
     answers = [i for i, c in enumerate(code) if c.metadata.get("nbgrader", {}).get("solution")] or [0]
     return ([c.source for c in code[:answers[0]]],
             [c.source for c in code[answers[0]:answers[-1] + 1] if not c.metadata.get("nbgrader", {}).get("grade")])

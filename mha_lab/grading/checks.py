@@ -1,15 +1,7 @@
-"""The helpers every hidden check is written with: call the student's function, then judge it.
-
-A hidden check has three separate steps, so that the call can run in the sandbox and the
-judging in the grader (see ``mha_lab.grading.worker``):
-
-1. make the inputs (seeded ``numpy.random.Generator``, shapes the visible tests do not use);
-2. ``out = call(student, "name", *args)``: run the student's function;
-3. judge with ``expect_array`` / ``expect_close`` / ``expect_true`` / ``expect_within_budget``.
-
-Every failure is an ``AssertionError`` whose message names the property and the likely bug.
-There is nothing to refuse in the answers: the sandbox holds the student's environment only, and
-``import mha_lab`` fails there (``worker.NOT_AVAILABLE``).
+"""The helpers every hidden check is written with, in three steps, so that the call runs in the sandbox and
+the judging in the grader: (1) make seeded inputs on shapes the visible tests do not use; (2) ``out =
+call(student, "name", *args)``; (3) judge with ``expect_array`` / ``expect_close`` / ``expect_true`` /
+``expect_within_budget``. Every failure is an ``AssertionError`` naming the property and the likely bug.
 """
 
 from __future__ import annotations
@@ -31,49 +23,35 @@ __all__ = ["call", "call_with_peak", "call_replacing", "invoke", "expect_array",
 
 
 def call(student: Any, name: str, *args: Any, **kwargs: Any) -> Any:
-    """Step 2 of a check: run the student's ``name(*args, **kwargs)`` and return its result.
-
-    Fails when ``name`` is missing, still raises NotImplementedError or raises anything else.
-    A remote submission (``remote.RemoteSubmission``) runs the call in the student's sandbox.
-    """
+    """Step 2 of a check: the student's ``name(*args, **kwargs)``; fails when it is missing or raises."""
     return invoke(student, name, args, kwargs)[0]
 
 
 def call_with_peak(student: Any, name: str, *args: Any, **kwargs: Any) -> tuple[Any, int]:
-    """Like ``call``, and also return the peak bytes the call allocated: read from outside the sandbox when it
-    runs in one with a memory cgroup (``remote.RemoteSubmission``), else with tracemalloc."""
+    """Like ``call``, with the peak bytes the call allocated (``remote.RemoteSubmission.remote_call``)."""
     return invoke(student, name, args, kwargs, measure=True)
 
 
 def call_replacing(student: Any, replace: Mapping[str, str], name: str,
                    *args: Any, **kwargs: Any) -> Any:
-    """Like ``call``, with some of the student's helpers swapped for references during the call.
-
-    ``replace`` maps a notebook name to a dotted path, e.g. ``{"attention":
-    "mha_lab.cpu.scaled_dot_product_attention"}``: the loop that calls ``attention`` is then
-    judged on its own, and a bug in ``attention`` is not charged twice. In a sandbox the reference
-    runs in the grader, called back over the worker's pipe: no reference code enters the sandbox.
-    """
+    """Like ``call``, with helpers swapped for references during the call: ``replace`` maps a notebook name to a
+    dotted path (``{"attention": "mha_lab.cpu.scaled_dot_product_attention"}``), so that a loop is judged on
+    its own. In a sandbox the reference runs in the grader, called back over the pipe."""
     return invoke(student, name, args, kwargs, replace=replace)[0]
 
 
 def invoke(student: Any, name: str, args: tuple, kwargs: dict, *, measure: bool = False,
            replace: Mapping[str, str] | None = None) -> tuple[Any, int | None]:
-    """The one way a check runs student code: returns ``(result, peak bytes or None)``.
-
-    A remote submission runs the call in its sandbox; a namespace (the instructor's kernel) here.
-    """
+    """The one way a check runs student code, in its sandbox or (a kernel's namespace) here: ``(result, peak)``."""
     replace = dict(replace or {})
     if hasattr(student, "remote_call"):
         return student.remote_call(name, args, kwargs, measure=measure, replace=replace)
     args, kwargs = copy.deepcopy((args, kwargs))  # the student's code may write into its inputs
     references = {attr: getattr(importlib.import_module(path.rpartition(".")[0]), path.rpartition(".")[2])
                   for attr, path in replace.items()}
-    if not measure:
-        return worker.call(student, name, args, kwargs, references), None
     result: list[Any] = []
     peak = traced_memory(lambda: result.append(worker.call(student, name, args, kwargs, references)))[1]
-    return result[0], peak
+    return result[0], peak if measure else None
 
 
 # --- judging -------------------------------------------------------------------------------------
@@ -103,10 +81,8 @@ def expect_close(actual: np.ndarray, expected: np.ndarray, *, what: str, hint: s
     tol = tolerances(expected.dtype)
     err = np.abs(actual - expected)
     if not (err <= tol["atol"] + tol["rtol"] * np.abs(expected)).all():
-        raise AssertionError(
-            f"{what}: values differ from the reference (max abs error {float(err.max()):.3g}). "
-            f"Likely bug: {hint}"
-        )
+        raise AssertionError(f"{what}: values differ from the reference (max abs error {float(err.max()):.3g}). "
+                             f"Likely bug: {hint}")
 
 
 def expect_true(condition: bool, *, what: str, hint: str) -> None:
@@ -118,7 +94,5 @@ def expect_true(condition: bool, *, what: str, hint: str) -> None:
 def expect_within_budget(peak: int, budget: int, *, what: str, hint: str) -> None:
     """Peak memory at most ``budget`` bytes, e.g. less than one full (B, h, L, L) score matrix."""
     if peak > budget:
-        raise AssertionError(
-            f"{what}: peak memory {peak / 2**20:.2f} MiB is over the budget of {budget / 2**20:.2f} MiB. "
-            f"Likely bug: {hint}"
-        )
+        raise AssertionError(f"{what}: peak memory {peak / 2**20:.2f} MiB is over the budget of "
+                             f"{budget / 2**20:.2f} MiB. Likely bug: {hint}")

@@ -1,9 +1,6 @@
-"""The judge: the hidden checks of ``tests/hidden/test_<assignment>.py``, run in the grader's process.
-
-A tests cell with grade_id ``g`` is graded by the module's functions ``test_<g>`` and
-``test_<g>__<case>``, each called with the ``student`` (the namespace of a kernel here, or a
-``remote.RemoteSubmission`` whose calls run in the sandbox). The module is loaded from its path,
-never looked up by name.
+"""The judge: the hidden checks of ``tests/hidden/test_<assignment>.py`` (loaded from its path), run in the
+grader's process. A tests cell ``g`` is graded by ``test_<g>`` and ``test_<g>__<case>``, each called with
+the ``student``: a kernel's namespace, or a ``remote.RemoteSubmission`` whose calls run in the sandbox.
 """
 
 from __future__ import annotations
@@ -57,10 +54,7 @@ def judge_cell(module: ModuleType, name: str, student: Any) -> str:
 
 
 def run_hidden_checks(assignment: str, name: str, namespace: Mapping[str, Any]) -> None:
-    """The instructor's check of a source notebook, in its own kernel: AssertionError when a check fails.
-
-    The grader never runs this line: it judges each tests cell by its grade_id, outside the sandbox.
-    """
+    """The instructor's check of a source notebook, in its kernel (the grader judges by grade_id instead)."""
     message = judge_cell(load(hidden_module(assignment)), name, namespace)
     if message:
         raise AssertionError(message)

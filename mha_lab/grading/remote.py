@@ -25,29 +25,28 @@ __all__ = ["RemoteSubmission"]
 
 
 class RemoteSubmission:
-    """The ``student`` of the hidden checks, its code in a sandbox: calls run there, results are judged here.
-    Every request shares one deadline; ``stopped`` says why the worker is gone, once it is."""
+    """The ``student`` of the hidden checks: calls run in its sandbox, results are judged here, all before one
+    deadline; ``stopped`` says why the worker is gone, once it is."""
 
     def __init__(self, folder: Path, limits: sandbox.Limits) -> None:
         self.folder, self.limits, self.stopped, self.references = Path(folder), limits, "", {}
         self.deadline, self.definitions = time.monotonic() + limits.seconds, None
         self.copy = sandbox.private_copy(folder, limits)
-        self.proc, self.group = sandbox.start(sandbox.worker_command(limits), self.copy, limits)
+        self.proc, self.group = sandbox.start(self.copy, limits)
         self.timer = threading.Timer(limits.seconds, self._kill,
                                      [f"the submission ran out of its {limits.seconds:.0f} s"])
         self.timer.daemon = True  # the grader may exit while it waits
         self.timer.start()
 
     def run(self, cells: Sequence[str], definitions: tuple[Sequence[str], Sequence[str]] | None = None) -> list:
-        """Execute the notebook's code cells; for each, what it printed and its error (see ``worker._run_cell``).
-        ``definitions`` (default: no cells, then all): the cells before the first answer cell, then those that
-        define the student's functions without testing them, which a measured call runs in a fresh sandbox."""
+        """Run the code cells: (printed text, error) each. ``definitions`` (default: none, then all): the cells
+        before the first answer cell, then those that define the student's functions, for measured calls."""
         self.definitions = definitions or ((), cells)
         return self.request({"op": "run", "cells": list(cells)})[0].get("outputs", [])
 
     def request(self, message: dict, arrays: Sequence[np.ndarray] = ()) -> tuple[dict, list[np.ndarray]]:
-        """Send one request and wait for its answer, answering the ``reference`` requests the worker sends
-        meanwhile; AssertionError when the worker dies, hangs, floods or answers garbage."""
+        """Send a request, answer its ``reference`` requests, return its answer; AssertionError when the worker
+        dies, hangs, floods or answers garbage."""
         answer = None
         try:
             if not self.stopped:
@@ -69,8 +68,8 @@ class RemoteSubmission:
         return answer
 
     def _reference(self, message: dict, arrays: list[np.ndarray]) -> tuple[dict, list[np.ndarray]]:
-        """Run the reference the worker asks for, here, if the call in progress named it; the reply carries the
-        arguments' arrays as the reference left them (it may change them in place), then its result."""
+        """Run the reference asked for if the call in progress named it; the reply carries the arguments' arrays
+        as it left them (it may change them in place), then its result."""
         arrays = [np.array(a) for a in arrays]  # writable copies
         path = self.references.get(message.get("name"))
         if path is None:
@@ -87,7 +86,7 @@ class RemoteSubmission:
             return {"ok": False, "message": f"{func} raised {type(exc).__name__}: {exc}"}, arrays
 
     def _student_callable(self, index: int, shared: list[np.ndarray]) -> Callable:
-        """The worker's callable ``index``, as the reference calls it: the shared arrays go first, as they are now."""
+        """The worker's callable ``index``: each call sends the shared arrays first, as they are now."""
 
         def invoke(*args: Any, **kwargs: Any) -> Any:
             sent = list(shared)  # first, as the reference has left them
@@ -101,15 +100,11 @@ class RemoteSubmission:
 
     def remote_call(self, name: str, args: tuple, kwargs: dict, *, measure: bool,
                     replace: dict[str, str]) -> tuple[Any, int | None]:
-        """Run ``name`` in the sandbox, the helpers in ``replace`` (name -> dotted path) answered here by their
-        references; returns ``(result, peak bytes or None)``.
-
-        A measured call is the first call of a fresh sandbox that has run only the notebook's ``definitions``.
-        Its peak is read from outside, from that sandbox's memory cgroup, as its growth since before the answer
-        cells ran, less the bytes of the inputs: memory the student's code keeps for later calls counts, and
-        nothing of the visible tests or of other checks does. Where there is no cgroup, the worker measures
-        the call itself (tracemalloc), which its code could forge.
-        """
+        """``(result, peak bytes or None)`` of ``name`` in the sandbox, the helpers in ``replace`` (name -> dotted
+        path) answered here by their references. A measured call is the first call of a fresh sandbox that has
+        run only the ``definitions``; its peak, read from outside (the memory cgroup), is that sandbox's growth
+        since before the answer cells ran less the inputs: what the student's code keeps counts, nothing of the
+        tests does. Without a cgroup the worker measures the call (tracemalloc), which its code could forge."""
         self.references = dict(replace)
         try:
             if not measure:
@@ -127,7 +122,7 @@ class RemoteSubmission:
             self.references = {}
 
     def _call(self, name: str, arguments: tuple, *, measure: bool) -> tuple[Any, int | None, int]:
-        """One call in the sandbox: its result, the peak the worker measured, the bytes of the input arrays."""
+        """One call: its result, the peak the worker measured, the bytes of the inputs."""
         arrays: list[np.ndarray] = []
         message = {"op": "call", "name": name, "arguments": encode(arguments, arrays), "measure": measure,
                    "replace": sorted(self.references)}
@@ -138,9 +133,8 @@ class RemoteSubmission:
         return decode(reply.get("result"), results), peak if isinstance(peak, int) else None, inputs
 
     def _kill(self, reason: str) -> None:
-        """Stop the worker, recording why (the first reason stands). Killing the sandbox's first process
-        (bwrap's child) is enough: the kernel then ends every process of its pid namespace. Unconfined,
-        the worker's process group goes (a process that leaves it survives)."""
+        """Stop the worker, recording why (the first reason stands): killing bwrap's child ends its pid namespace;
+        unconfined, the worker's process group goes."""
         self.stopped, pid = self.stopped or reason, self.proc.pid
         with contextlib.suppress(OSError):  # it has gone already
             if self.limits.unsafe:

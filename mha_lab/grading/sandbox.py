@@ -1,14 +1,10 @@
 """The sandbox every run of student code happens in: bubblewrap (``bwrap``) with Linux namespaces.
 
-Inside: no network (new net namespace), its own pid namespace (the whole process tree dies with
-the sandbox), a read-only view of the system, the interpreter's standard library, the student's
-environment (NumPy, matplotlib and the packages they need, ``STUDENT_PACKAGES``) and the worker file,
-and one writable directory, ``/scratch`` (a size-capped tmpfs the worker fills with a copy of the
-submission). Nothing else of the host is visible: not ``mha_lab``, torch or SciPy, ``tests/hidden``,
-``solutions``, the gradebook, other students' work or any home directory. The code runs as a non-root
-uid of its own, under caps on memory, processes (RLIMIT_NPROC) and file size. Memory is capped for the
-whole sandbox by a memory cgroup where the grader may make one (root, cgroup v1), so that many processes
-cannot add up past the cap; RLIMIT_DATA caps each process everywhere.
+Inside: no network, its own pid namespace, a read-only view of the system, the standard library, the
+student's environment (``STUDENT_PACKAGES`` and what they need) and the worker file, and one writable
+size-capped ``/scratch`` holding a copy of the submission; nothing else of the host (no ``mha_lab``,
+torch, SciPy, hidden checks, solutions, gradebook or other students). It runs as a non-root uid under
+caps on memory (a cgroup for all its processes where the grader may make one), processes and file size.
 """
 
 from __future__ import annotations
@@ -31,7 +27,7 @@ from importlib import metadata
 from pathlib import Path
 
 __all__ = ["PYTHON", "STUDENT_PACKAGES", "Limits", "SandboxError", "bwrap", "check", "private_copy", "start",
-           "worker_command", "memory_group", "reset_peak", "peak", "release"]
+           "memory_group", "reset_peak", "peak", "release"]
 
 GiB = 2**30
 PYTHON = str(Path(sys.base_prefix).resolve() / "bin" / f"python{sys.version_info[0]}.{sys.version_info[1]}")
@@ -83,13 +79,10 @@ def student_environment() -> tuple[Path, tuple[Path, ...]]:
     todo, seen, paths = list(STUDENT_PACKAGES), set(), set()
     while todo:
         name = re.sub(r"[-_.]+", "-", todo.pop()).lower()
-        if name in seen:
+        dist = None if name in seen else next(iter(metadata.distributions(name=name)), None)
+        if dist is None:
             continue
         seen.add(name)
-        try:
-            dist = metadata.distribution(name)
-        except metadata.PackageNotFoundError:
-            continue
         todo += [re.match(r"[A-Za-z0-9_.-]+", r).group() for r in dist.requires or [] if "extra ==" not in r]
         paths |= {Path(dist.locate_file(f.parts[0])).resolve() for f in dist.files or []
                   if f.parts[0] not in ("..", "__pycache__") and not f.parts[0].endswith(".pth")}
@@ -116,18 +109,10 @@ def _mounts() -> list[str]:
         args += ["--ro-bind", str(source), str(target)]
     hidden = STDLIB / "site-packages"  # the interpreter's own packages: not the student's
     args += ["--tmpfs", str(hidden)] if hidden.is_dir() and not str(hidden).startswith("/usr/") else []
-    dynload = Path(sysconfig.get_path("platstdlib", vars={"platbase": sys.base_prefix})).resolve() / "lib-dynload"
-    args += ["--ro-bind-try", str(dynload), str(dynload)] if not str(dynload).startswith(str(STDLIB)) else []
     libdir = Path(sys.base_prefix).resolve() / "lib"  # libpython, where the interpreter links it
     args += [a for lib in sorted(libdir.glob("libpython*")) for a in ("--ro-bind", str(lib), str(lib))]
     return args + ["--ro-bind", str(WORKER), "/worker/worker.py", "--ro-bind-try", "/etc/ld.so.cache",
                    "/etc/ld.so.cache"]
-
-
-def worker_command(limits: Limits) -> list[str]:
-    """The worker's command line: the bare interpreter (no site-packages, ``-S``) on the worker file."""
-    worker = str(WORKER) if limits.unsafe else "/worker/worker.py"
-    return [PYTHON, "-S", worker, str(limits.processes)]
 
 
 def command(argv: list[str], submission: Path, limits: Limits, uid: int) -> list[str]:
@@ -192,8 +177,8 @@ def _limit(limits: Limits, group: Path | None = None) -> None:
 
 
 def private_copy(submission: Path, limits: Limits) -> Path:
-    """A readable copy of the submission folder in a new temporary folder: links stay links, and
-    files larger than the scratch space are left out."""
+    """A readable copy of the submission folder in a new temporary folder: links stay links, and files
+    larger than the scratch space are left out."""
     copy = Path(tempfile.mkdtemp(prefix="mha_lab_submission_"))
     shutil.copytree(submission, copy, symlinks=True, dirs_exist_ok=True, ignore=lambda folder, names: [
         n for n in names
@@ -204,15 +189,14 @@ def private_copy(submission: Path, limits: Limits) -> Path:
     return copy
 
 
-def start(argv: list[str], submission: Path, limits: Limits) -> tuple[subprocess.Popen, Path | None]:
-    """Start ``argv`` (a Python command) in a sandbox that sees ``submission`` (a ``private_copy``)
-    read-only; stdin and stdout are pipes to it. Returns it and its ``memory_group`` (None where none
-    can be made), which ``release`` removes once it has gone.
+def start(submission: Path, limits: Limits) -> tuple[subprocess.Popen, Path | None]:
+    """Start the worker (the bare interpreter, ``-S``, on its file) in a sandbox that sees ``submission`` (a
+    ``private_copy``) read-only, stdin and stdout piped; returns it and its ``memory_group`` (or None).
 
-    The sandbox runs as uid ``200000 + this process's id`` when the grader is root (so that the
-    process cap counts this sandbox only), else as the grader's own uid in a user namespace.
-    ``limits.unsafe`` runs it unconfined, in the copy itself.
+    The sandbox runs as uid ``200000 + this process's id`` when the grader is root (so that the process cap
+    counts this sandbox only), else as the grader's uid in a user namespace; ``limits.unsafe``: unconfined.
     """
+    argv = [PYTHON, "-S", str(WORKER) if limits.unsafe else "/worker/worker.py", str(limits.processes)]
     uid = 200_000 + os.getpid() if os.getuid() == 0 else os.getuid()
     group = None if limits.unsafe else memory_group(limits.memory)
     env = ({**os.environ, "MHA_LAB_SANDBOX_UID": "", "MPLBACKEND": "Agg", "PYTHONPATH": str(student_environment()[0])}

@@ -1,15 +1,10 @@
-"""The worker: runs in the sandbox, executes the notebook and serves the student's functions to the grader.
+"""The worker: a standalone file the sandbox runs as ``python -S worker.py`` on the student's environment
+(the standard library, NumPy, matplotlib; never ``mha_lab``); the grader imports it for the protocol.
 
-A standalone file: the sandbox runs ``python -S worker.py`` with the student's environment on its path
-(the standard library, NumPy, matplotlib), never the ``mha_lab`` package. The grader imports the same
-file for the protocol (``encode``, ``frame``, ``read_message``).
-
-Each request and each answer is one JSON line, followed by the arrays it carries in NumPy's ``.npy``
-format (``frame``), over the sandbox's stdin and stdout. ``run`` executes the notebook's code cells
-(their printed output and errors come back for the feedback); ``call`` runs one of the student's
-functions, with some of its helpers (``replace``) answered by the grader: such a helper sends a
-``reference`` request back and waits for its result, and the grader answers only while the call that
-named it runs. Nothing crosses as a pickle, so nothing either side sends can run code in the other.
+Each request and answer is one JSON line and the arrays it carries in ``.npy`` format (``frame``), over
+the sandbox's stdin and stdout: ``run`` executes the notebook's code cells, ``call`` one of the student's
+functions, whose helpers named in ``replace`` send ``reference`` requests back to the grader. Nothing
+crosses as a pickle, so nothing either side sends can run code in the other.
 """
 
 from __future__ import annotations
@@ -41,11 +36,8 @@ NOT_AVAILABLE = "{} is not available when graded: write the function yourself"
 
 
 class SmoothLoss:
-    """A scalar test function of the array it holds: f() = sum(sin(x) x^2), exact gradient cos(x) x^2 + 2 x sin(x).
-
-    An object, not a closure, so that it can cross to the sandbox together with the very ``x`` a
-    student's finite-difference code perturbs (the codec keeps the two the same array).
-    """
+    """f() = sum(sin(x) x^2) of the array it holds, exact gradient cos(x) x^2 + 2 x sin(x): an object, not a
+    closure, so that it crosses to the sandbox with the very ``x`` a student's code perturbs."""
 
     def __init__(self, x: np.ndarray) -> None:
         self.x = x
@@ -64,13 +56,8 @@ def _numpy_function(name: Any) -> Any:
 
 
 def encode(value: Any, arrays: list[np.ndarray], objects: list[Callable] | None = None) -> Any:
-    """A JSON-ready form of numbers, strings, None, lists, tuples, dicts, NumPy scalars and functions and
-    ``SmoothLoss``; arrays go into ``arrays`` (they travel after the JSON, see ``frame``), other callables
-    into ``objects`` when given (the receiver calls them back by index).
-
-    An array met twice in one value (``(f, x)`` where f holds x) travels once, so the receiver sees one
-    array, as the sender did.
-    """
+    """A JSON-ready form of numbers, strings, containers, NumPy scalars and functions and ``SmoothLoss``;
+    arrays go into ``arrays`` (once each, as the sender has them), other callables into ``objects`` if given."""
     if isinstance(value, np.ndarray | np.generic):
         if value.dtype.hasobject:
             raise ValueError("arrays of Python objects cannot be sent without pickles")
@@ -97,8 +84,7 @@ def encode(value: Any, arrays: list[np.ndarray], objects: list[Callable] | None 
 
 
 def decode(value: Any, arrays: Sequence[np.ndarray], remote: Callable[[int], Callable] | None = None) -> Any:
-    """The inverse of ``encode``; ``remote(i)`` stands for the sender's callable ``i``; an unsupported type
-    comes back as a placeholder string."""
+    """The inverse of ``encode``; ``remote(i)`` stands for the sender's callable ``i``."""
     if isinstance(value, list):
         return [decode(v, arrays, remote) for v in value]
     if not isinstance(value, dict):
@@ -121,8 +107,7 @@ def decode(value: Any, arrays: Sequence[np.ndarray], remote: Callable[[int], Cal
 
 
 def frame(message: dict, arrays: Sequence[np.ndarray]) -> list[bytes | memoryview]:
-    """One message as it travels: a JSON line that gives the size of each array, then the arrays in
-    NumPy's ``.npy`` format, each padded to 64 bytes. The arrays' data is not copied (when contiguous)."""
+    """A JSON line with each array's size, then the arrays in ``.npy`` format, padded to 64 bytes, not copied."""
     parts, sizes = [], []
     for a in arrays:
         a = np.array(a, order="C", copy=None)  # 0-d stays 0-d
@@ -134,8 +119,8 @@ def frame(message: dict, arrays: Sequence[np.ndarray]) -> list[bytes | memoryvie
 
 
 def read_message(stream: io.BufferedIOBase, limit: int = 1 << 62) -> tuple[dict, list[np.ndarray]] | None:
-    """The next message on ``stream`` (see ``frame``), or None where the stream ends. Its arrays are views of one
-    buffer, read into place; ValueError for anything malformed, longer than ``limit`` bytes or pickled."""
+    """The next message on ``stream`` (arrays read into place), None at its end; ValueError for anything malformed,
+    longer than ``limit`` bytes or pickled."""
     line = stream.readline(limit)
     if not line:
         return None
@@ -164,13 +149,10 @@ def read_message(stream: io.BufferedIOBase, limit: int = 1 << 62) -> tuple[dict,
     return message, arrays
 
 
-# --- the student's side, in the sandbox ----------------------------------------------------------
-
-
 class _Refuse:
     """An import hook: the packages of ``REFUSED`` fail with a message that says they are not there."""
 
-    seen: set[str] = set()  # what the notebook tried to import
+    seen: set[str] = set()  # the refused packages the notebook tried to import
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
         top = name.partition(".")[0]
@@ -181,8 +163,7 @@ class _Refuse:
 
 def call(namespace: Mapping[str, Any], name: str, args: tuple, kwargs: dict, replace: dict[str, Callable] | None = None
          ) -> Any:
-    """Call ``namespace[name]`` with the helpers in ``replace`` swapped in for the call, turning the student's
-    errors into AssertionErrors that say what happened."""
+    """``namespace[name](*args, **kwargs)``, the helpers in ``replace`` swapped in; errors become AssertionErrors."""
     fn = namespace.get(name)
     if not callable(fn):
         refused = "".join(f"; {NOT_AVAILABLE.format(m)}" for m in sorted(_Refuse.seen))
@@ -230,7 +211,7 @@ def _run_cell(source: str, namespace: dict) -> tuple[str, str]:
 
 
 class _Grader:
-    """The pipe to the grader: requests come in, answers go out; a ``reference`` asks the grader back."""
+    """The pipe to the grader: requests in, answers out."""
 
     def __init__(self, requests: io.BufferedIOBase, answers: io.BufferedIOBase) -> None:
         self.requests, self.answers = requests, answers
@@ -240,9 +221,8 @@ class _Grader:
         self.answers.flush()
 
     def reference(self, name: str) -> Callable:
-        """A stand-in for the grader's reference ``name``: each call is answered by the grader, which may call
-        back the callables it was given; arrays it was given see the grader's in-place changes (every message
-        of the grader's starts with them, as they are there)."""
+        """A stand-in for the grader's reference ``name``: the grader answers it, calling back the callables it is
+        given; every message of the grader's starts with the arrays it was given, as they are there now."""
 
         def stand_in(*args: Any, **kwargs: Any) -> Any:
             arrays: list[np.ndarray] = []
@@ -292,8 +272,7 @@ def _answer(request: dict, arrays: list[np.ndarray], namespace: dict, grader: _G
 
 
 def _warm_up() -> None:
-    """One-time costs that are not the student's, paid before any student code runs: BLAS's buffers, NumPy's
-    lazily imported modules, the first allocations of the allocator."""
+    """Pay one-time costs that are not the student's before any student code runs: BLAS's buffers, lazy modules."""
     a = np.random.default_rng(0).standard_normal((256, 256))
     np.einsum("ij,jk->ik", a @ a, np.linalg.inv(a + 256 * np.eye(256)))
     np.exp(a).max(axis=-1, keepdims=True).sum()
@@ -302,8 +281,7 @@ def _warm_up() -> None:
 
 
 def enter(processes: int) -> None:
-    """Runs first in the sandbox, before any student code: drop to the sandbox uid, cap processes, copy the
-    submission into the scratch folder, refuse the packages of ``REFUSED``."""
+    """Before any student code: drop to the sandbox uid, cap processes, copy the submission to /scratch."""
     uid = os.environ.pop("MHA_LAB_SANDBOX_UID", "")
     if uid and os.getuid() == 0:
         os.setgroups([])
