@@ -3,48 +3,20 @@ score matrix in a module-level buffer, allocated when a call first needs it and 
 so a measured call that follows another on the same shapes allocates nothing new. Its values are right.
 
 Stopped by: a measured call runs in a fresh sandbox that has only defined the functions, its peak counted from
-before the answer cells ran: the buffer is allocated inside the measurement. It deserves every point but
-chunked_attention's memory.
+before the answer cells ran: the buffer is allocated inside the measurement. It deserves chunked_attention's
+points but its memory's.
 """
 
 ASSIGNMENT = "ps3_memory_efficient"
 EVERY_ANSWER_CELL = True
-DESERVES = ("measure_peak_values", "head_by_head_forward_shape", "head_by_head_forward_values",
-            "head_by_head_forward_mask", "head_by_head_forward_stability", "head_by_head_forward_memory",
-            "chunked_attention_shape", "chunked_attention_values", "chunked_attention_causal",
+DESERVES = ("chunked_attention_shape", "chunked_attention_values", "chunked_attention_causal",
             "chunked_attention_stability")
 
 
 def cell(marker, port, course, repo, protect):
-    import tracemalloc
-
     import numpy as np
 
     _buffer = {}
-
-    def measure_peak(fn, *args, **kwargs):
-        tracemalloc.start()
-        try:
-            result = fn(*args, **kwargs)
-            peak = tracemalloc.get_traced_memory()[1]
-        finally:
-            tracemalloc.stop()
-        return result, peak
-
-    def head_by_head_forward(X, W_Q, W_K, W_V, W_O, num_heads, mask=None):
-        B, L, d_model = X.shape
-        d_k = d_model // num_heads
-        out = np.zeros((B, L, W_O.shape[1]))
-        for i in range(num_heads):
-            cols = slice(i * d_k, (i + 1) * d_k)
-            S = (X @ W_Q[:, cols]) @ (X @ W_K[:, cols]).transpose(0, 2, 1) / np.sqrt(d_k)
-            if mask is not None:
-                S += mask
-            S -= S.max(axis=-1, keepdims=True)
-            np.exp(S, out=S)
-            S /= S.sum(axis=-1, keepdims=True)
-            out += (S @ (X @ W_V[:, cols])) @ W_O[cols, :]
-        return out
 
     def chunked_attention(Q, K, V, block_size, causal=False):
         B, h, L, d = Q.shape

@@ -3,29 +3,18 @@ measure (np.zeros_like(Q) at L >= 512 in chunked_attention, np.zeros at L >= 128
 checked at small L right.
 
 Stopped by: a memory check compares the measured call's output with the reference at that size; a wrong result
-earns no memory points. It deserves every point but the two memory cells.
+earns no memory points. It deserves every point of its two functions but their memory cells.
 """
 
 ASSIGNMENT = "ps3_memory_efficient"
 EVERY_ANSWER_CELL = True
-DESERVES = ("measure_peak_values", "head_by_head_forward_shape", "head_by_head_forward_values",
+DESERVES = ("head_by_head_forward_shape", "head_by_head_forward_values",
             "head_by_head_forward_mask", "head_by_head_forward_stability", "chunked_attention_shape",
             "chunked_attention_values", "chunked_attention_causal", "chunked_attention_stability")
 
 
 def cell(marker, port, course, repo, protect):
-    import tracemalloc
-
     import numpy as np
-
-    def measure_peak(fn, *args, **kwargs):
-        tracemalloc.start()
-        try:
-            result = fn(*args, **kwargs)
-            peak = tracemalloc.get_traced_memory()[1]
-        finally:
-            tracemalloc.stop()
-        return result, peak
 
     def _full(Q, K, V, mask=None):
         S = Q @ K.swapaxes(-1, -2) / np.sqrt(Q.shape[-1])
