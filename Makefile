@@ -39,12 +39,14 @@ test: $(STAMP)
 	status=0; $(BIN)/python -m pytest -q || status=$$?; \
 	if [ $$status -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; exit $$status
 
-# Releases in assignments/ from the sources in solutions/ (all of them, or A=<assignment>).
+# Releases in assignments/ from the sources in solutions/ (all of them, or A=<assignment>), with the
+# expected values their visible tests compare with (solutions/<a>/expected.npz, copied into the release).
 assignments: $(STAMP)
+	$(BIN)/python -m mha_lab release-values $(A)
 	for a in $(if $(A),$(A),$$(ls solutions)); do PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/nbgrader generate_assignment "$$a" --force; done
 
-# The students' download, _build/student/mha_lab_student.zip: the releases and the package they
-# import, no solutions or hidden checks. `make book` builds it first: the grading chapter links it.
+# The students' download, _build/student/mha_lab_student.zip: the releases, their expected values and
+# assignments/requirements.txt; no package, no solutions or hidden checks. `make book` builds it first.
 student-pack: $(STAMP)
 	$(BIN)/python -m mha_lab student-pack
 

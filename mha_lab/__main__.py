@@ -38,6 +38,8 @@ COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
               "grade submissions, each in a sandbox, judged outside it (make grade A=...; --help for options)"),
     "decode": (_module("mha_lab.plots.decode"),
                "time one decoding step against context length (MHA, GQA, MQA) and print decode's FLOPs per byte"),
+    "release-values": (_module("mha_lab.release_values"),
+                       "store the expected values of the releases' visible tests with the sources (make assignments)"),
     "student-pack": (_module("mha_lab.student_pack"),
                      "zip the release notebooks and the package they import: no solutions, no hidden checks"),
     "grade-bench": (_module("mha_lab.grade_bench"),

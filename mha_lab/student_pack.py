@@ -1,14 +1,16 @@
-"""The students' download: the release notebooks and the package they import, nothing else.
+"""The students' download: the releases, what they need installed, and how to start; nothing else.
 
 ``python -m mha_lab student-pack`` (``make student-pack``) writes ``_build/student/mha_lab_student.zip``:
 
-- ``assignments/<name>/<name>.ipynb``: the release notebooks (stubs, visible tests);
-- ``mha_lab/``: the package, without the instructor's tools (the grader, ``classroom``, ``grade_bench``,
-  this module);
-- ``pyproject.toml`` and a ``README.txt`` that says how to install and open them.
+- ``assignments/<name>/``: the release notebooks (stubs, visible tests) and the ``expected.npz``
+  their visible tests compare with;
+- ``assignments/requirements.txt``: NumPy, matplotlib, Jupyter, the whole environment a release
+  needs and the one it is graded in;
+- a ``README.txt`` that says how to install and open them.
 
-Solutions, hidden checks and everything else of the repository stay out; the build refuses to
-write a pack in which a solution or hidden-test marker appears.
+No package: ``mha_lab`` is the book's, not the assignments'. Solutions, hidden checks and everything
+else of the repository stay out; the build refuses to write a pack in which a solution or hidden-test
+marker appears.
 """
 
 from __future__ import annotations
@@ -19,19 +21,19 @@ import zipfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-__all__ = ["INSTRUCTOR_ONLY", "MARKERS", "members", "build", "main"]
+__all__ = ["MARKERS", "members", "build", "main"]
 
 REPO = Path(__file__).resolve().parents[1]
-# Parts of mha_lab that only instructors use: they hold no answers, but a student has no use for them.
-INSTRUCTOR_ONLY = ("mha_lab/grading/", "mha_lab/classroom.py", "mha_lab/grade_bench.py", "mha_lab/student_pack.py")
 MARKERS = ("### BEGIN SOLUTION", "### BEGIN HIDDEN TESTS", "run_hidden_checks")
 
 README = """MHA Lab: the problem sets
 
-1. Install the companion package once, from this folder:  pip install -e .
-   (it needs Python 3.10 or newer; NumPy, matplotlib and tqdm come with it)
-2. Open a notebook of assignments/ in Jupyter, JupyterLab or Colab, and read the chapters it
-   links first: they are on the course website.
+1. Install what the notebooks need, once:  pip install -r assignments/requirements.txt
+   (NumPy, matplotlib and Jupyter; Python 3.10 or newer). Nothing else: the grader runs your
+   notebook with exactly these packages. The course's own package, mha_lab, belongs to the book
+   and is not available when your work is graded.
+2. Open a notebook of assignments/ in Jupyter, JupyterLab or Colab (upload its expected.npz next
+   to it), and read the chapters it links first: they are on the course website.
 3. Fill in every cell that raises NotImplementedError, run the whole notebook (Restart & Run
    All), and hand in the notebook file under its own name, as your instructor asks.
 
@@ -42,19 +44,15 @@ checks, on other shapes, that run when your notebook is graded.
 
 def members(repo: Path = REPO) -> Iterator[tuple[str, Path]]:
     """(name in the zip, file) for every file of the pack, in a stable order."""
-    for nb in sorted((repo / "assignments").glob("*/*.ipynb")):
-        yield nb.relative_to(repo).as_posix(), nb
-    for path in sorted((repo / "mha_lab").rglob("*")):
-        name = path.relative_to(repo).as_posix()
-        if path.is_file() and "__pycache__" not in path.parts and not name.startswith(INSTRUCTOR_ONLY):
-            yield name, path
-    yield "pyproject.toml", repo / "pyproject.toml"
+    for path in sorted([*(repo / "assignments").glob("*/*.ipynb"), *(repo / "assignments").glob("*/*.npz")]):
+        yield path.relative_to(repo).as_posix(), path
+    yield "assignments/requirements.txt", repo / "assignments" / "requirements.txt"
 
 
 def build(out: Path, repo: Path = REPO) -> Path:
     """Write the zip at ``out``; ValueError when a release is missing or a file carries a marker."""
     files = list(members(repo))
-    if not any(name.startswith("assignments/") for name, _ in files):
+    if not any(name.endswith(".ipynb") for name, _ in files):
         raise ValueError(f"no release notebooks in {repo / 'assignments'}: run `make assignments` first")
     for name, path in files:
         text = path.read_text(errors="ignore")

@@ -34,10 +34,17 @@ import numpy as np
 from mha_lab.grading import checks
 
 
+def _defines(student, name):
+    try:
+        return checks.call(student, name) is True
+    except AssertionError:
+        return False
+
+
 def _grader_dies(student):
     """This course's stand-in for a Dask worker that dies while it grades (the OOM killer, a lost node)."""
     first = Path(__file__).with_name("died_once")
-    if "grader_dies_always" in student or ("grader_dies_once" in student and not first.exists()):
+    if _defines(student, "grader_dies_always") or (_defines(student, "grader_dies_once") and not first.exists()):
         first.touch()
         os.kill(os.getpid(), signal.SIGKILL)
 
@@ -90,12 +97,11 @@ SUBMISSIONS = {
     "good": "def double(x):\n    return 2 * x",
     "hangs": "def double(x):\n    while True:\n        pass",
     "crashes": "import os\nos._exit(1)",
-    "grader_dies_once": "def double(x):\n    return 2 * x\ngrader_dies_once = True",
-    "grader_dies_always": "def double(x):\n    return 2 * x\ngrader_dies_always = True",
+    "grader_dies_once": "def double(x):\n    return 2 * x\ndef grader_dies_once():\n    return True",
+    "grader_dies_always": "def double(x):\n    return 2 * x\ndef grader_dies_always():\n    return True",
     "cheats": textwrap.dedent("""
-        import mha_lab.grading.checks as c
-        c.expect_close = c.expect_true = lambda *args, **kwargs: None  # in the sandbox only
-        np.allclose = lambda *args, **kwargs: True
+        np.allclose = np.array_equal = lambda *args, **kwargs: True  # in the sandbox only
+        np.testing.assert_allclose = lambda *args, **kwargs: None
 
         def double(x):
             return 2 * x if np.ndim(x) == 0 and x in (0, 1) else x  # right on the visible asserts only

@@ -1,4 +1,4 @@
-"""Unit tests of the grading helpers: calling student code, refusing mha_lab's answers, judging."""
+"""Unit tests of the grading helpers: calling student code, judging."""
 
 from __future__ import annotations
 
@@ -23,11 +23,11 @@ if str(REPO) not in sys.path:
 from tests.mutants import Mutant  # noqa: E402 - needs the repository root on sys.path
 
 
-def notebook(source: str, allowed=()) -> checks.Submission:
-    """Run ``source`` as a notebook would and return its namespace (and source) as a submission."""
+def notebook(source: str) -> dict:
+    """Run ``source`` as a notebook would and return its namespace."""
     namespace: dict = {"__name__": "__main__"}
     exec(textwrap.dedent(source), namespace)  # noqa: S102 - test fixtures
-    return checks.Submission(namespace, allowed, [textwrap.dedent(source)])
+    return namespace
 
 
 # --- call --------------------------------------------------------------------------------------
@@ -54,109 +54,6 @@ def test_call_returns_the_result_and_copies_the_inputs():
 def test_call_explains_what_went_wrong(source, message):
     with pytest.raises(AssertionError, match=message.replace("(", r"\(").replace(")", r"\)")):
         checks.call(notebook(source), "f", np.ones(3))
-
-
-@pytest.mark.parametrize("source", [
-    # a name imported into the notebook
-    """
-    from mha_lab.cpu import split_heads
-    def f(x):
-        return split_heads(x, 1)
-    """,
-    # an attribute chain on the package
-    """
-    import mha_lab.cpu
-    def f(x):
-        return mha_lab.cpu.split_heads(x, 1)
-    """,
-    # an import inside the function body
-    """
-    def f(x):
-        from mha_lab.cpu.functional import split_heads as s
-        return s(x, 1)
-    """,
-    # hidden in a helper the graded function calls
-    """
-    from mha_lab import cpu
-    def helper(x):
-        return cpu.split_heads(x, 1)
-    def f(x):
-        return helper(x)
-    """,
-    # in a closure
-    """
-    def make():
-        from mha_lab.cpu import split_heads
-        def inner(x):
-            return split_heads(x, 1)
-        return inner
-    f = make()
-    """,
-    # a layer object from the notebook
-    """
-    from mha_lab.cpu import MultiHeadAttention
-    layer = MultiHeadAttention(4, 1)
-    def f(x):
-        return layer.forward(x)
-    """,
-])
-def test_call_refuses_an_answer_taken_from_mha_lab(source):
-    with pytest.raises(AssertionError, match=r"`f` uses mha_lab\.cpu\.\w+ instead of implementing it"):
-        checks.call(notebook(source), "f", np.ones((1, 2, 4)))
-
-
-@pytest.mark.parametrize("source", [
-    # a module reached by name
-    """
-    import importlib
-    def f(x):
-        module = importlib.import_module("mha_lab." + "cpu")
-        return getattr(module, "split_" + "heads")(x, 1)
-    """,
-    # getattr on the package, its result swallowed
-    """
-    import mha_lab
-    def f(x):
-        try:
-            getattr(mha_lab.cpu, "merge_" + "heads")(x)
-        except Exception:
-            pass
-        return x
-    """,
-    # code built from a string, outside any function
-    """
-    exec("from mha_lab.cpu import split_heads as f")
-    """,
-    # anything of the GPU package
-    """
-    from mha_lab import cuda
-    def f(x):
-        return cuda.anything(x)
-    """,
-])
-def test_reference_use_refuses_what_it_cannot_read(source):
-    assert checks.reference_use([textwrap.dedent(source)], "f", ())
-
-
-def test_reference_use_reads_every_cell_and_skips_what_does_not_parse():
-    cells = ["from mha_lab.cpu import softmax, repeat_kv as rk\nimport mha_lab.cpu as cpu",
-             "def ok(x):\n    return softmax(x)\ndef helper(x):\n    return rk(x, 2)",
-             "def bad(x):\n    return helper(x)\ndef bad2(x):\n    return cpu.merge_heads(x)",
-             "this cell does not parse("]
-    allowed = {"softmax"}
-    assert checks.reference_use(cells, "ok", allowed) == ""
-    assert checks.reference_use(cells, "bad", allowed) == "mha_lab.cpu.repeat_kv"
-    assert checks.reference_use(cells, "bad", allowed, skip={"helper"}) == ""
-    assert checks.reference_use(cells, "bad2", allowed) == "mha_lab.cpu.merge_heads"
-
-
-def test_allowed_helpers_are_allowed():
-    student = notebook("""
-        from mha_lab.cpu import create_causal_mask
-        def f(L):
-            return create_causal_mask(L)
-    """, allowed={"create_causal_mask"})
-    assert checks.call(student, "f", 3).shape == (1, 1, 3, 3)
 
 
 def test_call_replacing_judges_a_function_with_a_reference_helper():
@@ -194,7 +91,7 @@ def test_expect_close_names_the_bug_and_the_error():
 
 
 def test_a_measured_call_sees_numpy_buffers_and_the_budget_fails():
-    student = checks.Submission({"grab": lambda n: np.ones(n)})
+    student = dict({"grab": lambda n: np.ones(n)})
     _, peak = checks.call_with_peak(student, "grab", 1_000_000)
     assert 8_000_000 <= peak < 9_000_000
     with pytest.raises(AssertionError, match="over the budget"):
@@ -232,8 +129,8 @@ def hidden_dir(tmp_path, monkeypatch):
 
 
 def test_a_tests_cell_runs_exactly_its_own_checks(hidden_dir):
-    module, wrong = judge.load(judge.hidden_module("demo")), checks.Submission({"flip": lambda x: x.copy()})
-    assert judge.judge_cell(module, "flip", checks.Submission({"flip": lambda x: x.T.copy()})) == ""
+    module, wrong = judge.load(judge.hidden_module("demo")), dict({"flip": lambda x: x.copy()})
+    assert judge.judge_cell(module, "flip", dict({"flip": lambda x: x.T.copy()})) == ""
     assert judge.judge_cell(module, "flip", wrong).splitlines()[0] == "flip: 2 hidden check(s) failed"
     assert judge.judge_cell(module, "flipped", wrong) == ("flipped: 1 hidden check(s) failed\n"
                                                           "- test_flipped: test_flipped is another group")

@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 import mha_lab
+from mha_lab.grading.remote import RemoteSubmission
 from mha_lab.grading.sandbox import GiB, Limits, memory_group, release
-from mha_lab.grading.worker import RemoteSubmission, decode, encode
+from mha_lab.grading.worker import decode, encode
 
 REPO = Path(mha_lab.__file__).resolve().parents[1]
 
@@ -180,3 +181,70 @@ def test_a_calls_peak_memory_is_read_from_outside_the_sandbox(tmp_path):
     # the kernel charges pages to a cgroup in batches of up to 64 per CPU: up to 256 KiB a CPU either way
     assert 3.5 <= mib["grab"] <= 4.5 and 3.5 <= mib["forge"] <= 4.5 and mib["input only"] <= 0.5, mib
     assert 3.5 <= mib["grab_in_child"] <= 6, mib  # the child's own copies of the pages it writes count too
+
+
+KEEP = """
+import numpy as np
+kept = []
+
+def keep(n):  # allocates n float64 numbers on its first call only, and keeps them ("preallocated")
+    if not kept:
+        kept.append(np.ones(n))
+    return float(kept[0][0])
+"""
+
+
+@pytest.mark.timeout(120)
+def test_memory_a_call_keeps_between_calls_counts(tmp_path):
+    _needs_a_memory_group()
+    with closing(RemoteSubmission(tmp_path, Limits(seconds=60))) as student:
+        student.run([KEEP])
+        peak = student.remote_call("keep", (4 * 2**20 // 8,), {}, measure=True, replace={})[1]
+    assert 3.5 <= peak / 2**20 <= 4.5, f"{peak / 2**20:.2f} MiB: the buffer the first (decoy) call kept was missed"
+
+
+IMPORTS = ["import numpy, matplotlib.pyplot, json, tracemalloc", "import mha_lab", "import torch",
+           "from scipy import special", "import mha_lab.cpu as cpu\ndef f(x):\n    return x",
+           "def g(x):\n    from mha_lab.cpu import softmax\n    return softmax(x)",
+           "import os, sys\nprint([sorted(os.listdir(p)) for p in sys.path if 'site-packages' in p])"]
+
+
+@pytest.mark.timeout(120)
+def test_the_sandbox_holds_the_students_environment_only(tmp_path):
+    with closing(RemoteSubmission(tmp_path, Limits(seconds=60))) as student:
+        outputs = student.run(IMPORTS)
+        assert outputs[0] == ["", ""], outputs[0]
+        for (_, error), name in zip(outputs[1:4], ("mha_lab", "torch", "scipy"), strict=True):
+            assert error == f"ModuleNotFoundError: {name} is not available when graded: write the function yourself"
+        site = eval(outputs[-1][0])  # noqa: S307 - the list the cell printed: what each site-packages holds
+        assert len(site) == 1, site
+        entries = set(site[0])
+        assert {"numpy", "matplotlib"} <= entries and not entries & {"mha_lab", "torch", "scipy", "nbgrader"}, entries
+        with pytest.raises(AssertionError, match="`f` is not defined.*mha_lab is not available when graded"):
+            student.remote_call("f", (1,), {}, measure=False, replace={})
+        with pytest.raises(AssertionError, match="`g` raised ModuleNotFoundError: mha_lab is not available"):
+            student.remote_call("g", (np.ones(2),), {}, measure=False, replace={})
+
+
+REFERENCED = """
+import numpy as np
+stolen = []
+
+def layer(x):
+    stolen.append(attention)  # the grader's stand-in, kept for later
+    return attention(x) + 1
+
+def attention(x):
+    return stolen[0](x) if stolen else x * 0  # takes the stand-in when it has one
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_reference_runs_in_the_grader_and_only_during_its_call(tmp_path):
+    with closing(RemoteSubmission(tmp_path, Limits(seconds=60))) as student:
+        student.run([REFERENCED])
+        x = np.array([1.0, -2.0])
+        out = student.remote_call("layer", (x,), {}, measure=False, replace={"attention": "numpy.negative"})[0]
+        np.testing.assert_array_equal(out, [0.0, 3.0])
+        with pytest.raises(AssertionError, match="answered by the grader only during the call it was given to"):
+            student.remote_call("attention", (x,), {}, measure=False, replace={})

@@ -1,14 +1,19 @@
-"""Every committed release in ``assignments/`` is what ``make assignments`` makes of its source now."""
+"""Every committed release in ``assignments/`` is what ``make assignments`` makes of its source now, and needs
+only the student's environment."""
 
 from __future__ import annotations
 
+import ast
 import re
 import shutil
+import sys
 from pathlib import Path
 
 import nbformat
+import numpy as np
 import pytest
 
+from mha_lab import release_values
 from mha_lab.grading import course as courses
 
 REPO = Path(__file__).resolve().parents[1]
@@ -70,3 +75,44 @@ def test_read_first_links_point_to_the_published_book():
             assert not label or f"({label})=" in source.read_text(), f"{a} links {url}: no label {label}"
             checked += 1
     assert checked >= len(ASSIGNMENTS), "every assignment links the chapters to read first"
+
+
+STUDENT_ENVIRONMENT = {"numpy", "matplotlib"}  # assignments/requirements.txt, with the standard library
+
+
+def test_releases_need_only_the_students_environment():
+    """Every import of a release is the standard library's, NumPy's or matplotlib's."""
+    for a in ASSIGNMENTS:
+        for kind, source, _ in cells(REPO / "assignments" / a / f"{a}.ipynb"):
+            if kind != "code":
+                continue
+            for node in ast.walk(ast.parse(source)):
+                names = [n.name for n in node.names] if isinstance(node, ast.Import) else \
+                    [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+                for top in (n.split(".")[0] for n in names):
+                    assert top in sys.stdlib_module_names or top in STUDENT_ENVIRONMENT, f"{a} imports {top}"
+
+
+def test_the_given_cells_compute_no_graded_piece():
+    """What a release gives (its locked code cells) defines none of the functions the student writes."""
+    for a in ASSIGNMENTS:
+        release = cells(REPO / "assignments" / a / f"{a}.ipynb")
+        answers = {m.group(1) for _, src, meta in release if meta.get("solution")
+                   for m in re.finditer(r"^def (\w+)", src, re.M)}
+        given = {node.name for kind, src, meta in release if kind == "code" and not meta.get("solution")
+                 for node in ast.walk(ast.parse(src)) if isinstance(node, ast.FunctionDef)}
+        assert answers and not answers & given, f"{a} gives {answers & given}"
+
+
+@pytest.mark.parametrize("assignment", ASSIGNMENTS)
+def test_expected_values_are_what_the_reference_computes_now(assignment):
+    fresh = release_values.VALUES[assignment]()
+    for folder in ("solutions", "assignments"):
+        with np.load(REPO / folder / assignment / release_values.FILENAME, allow_pickle=False) as stored:
+            assert sorted(stored) == sorted(fresh), f"{folder}/{assignment}: run `make assignments A={assignment}`"
+            for name, value in fresh.items():
+                if name.endswith("_peak"):  # a measurement: the same to within a few percent
+                    assert abs(stored[name] - value) <= 0.05 * value, name
+                else:
+                    np.testing.assert_allclose(stored[name], value, rtol=1e-12, atol=1e-14,  # another BLAS's rounding
+                                               err_msg=f"{folder}/{assignment}: {name}")

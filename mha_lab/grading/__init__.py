@@ -1,9 +1,8 @@
 """Grading: each submission runs in a sandbox, every point is judged outside it.
 
-``course`` (folder and gradebook), ``sandbox`` (bubblewrap), ``worker`` (the protocol between the
-sandbox and the grader), ``judge`` (the hidden checks), ``batch`` (one submission, or a class on
-Dask), ``report`` (table and CSV); ``checks`` holds the helpers the hidden checks are written with.
-``python -m mha_lab.grading <assignment>`` (``make grade A=...``) grades a class.
+``course`` (folder, gradebook), ``sandbox`` (bubblewrap), ``worker`` (the standalone file that runs in it),
+``remote`` (the grader's side of it), ``judge`` and ``checks`` (the hidden checks), ``batch`` (a submission,
+or a class on Dask), ``report``. ``python -m mha_lab.grading <assignment>`` (``make grade A=...``).
 """
 
 from mha_lab.grading.judge import run_hidden_checks

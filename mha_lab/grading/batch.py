@@ -1,9 +1,6 @@
-"""Grade one submission (``grade_submission``), or a class on Dask ``distributed`` (``grade_class``).
-
-One submission: its notebooks are merged with the release and run in a sandbox by the worker; every
-tests cell is judged here by its hidden checks, calling into that sandbox. A class: the same function
-mapped over the students on a ``LocalCluster`` or any cluster; a task whose Dask worker dies is tried
-once more. The gradebook, autograded notebooks and feedback are written here, after the sandboxes.
+"""Grade one submission (``grade_submission``: its notebooks, merged with the release, run in a sandbox;
+every tests cell is judged here), or a class on Dask ``distributed`` (``grade_class``: a task whose worker
+dies is tried once more). The gradebook, autograded notebooks and feedback are written after the sandboxes.
 """
 
 from __future__ import annotations
@@ -20,8 +17,9 @@ from tqdm import tqdm
 
 from mha_lab.grading import course as courses
 from mha_lab.grading import judge
+from mha_lab.grading.remote import RemoteSubmission
 from mha_lab.grading.sandbox import Limits
-from mha_lab.grading.worker import OUTPUT_CHARS, RemoteSubmission
+from mha_lab.grading.worker import OUTPUT_CHARS
 
 __all__ = ["CellResult", "StudentResult", "grade_submission", "dask_client", "grade_class"]
 
@@ -72,9 +70,10 @@ def grade_submission(folder: Path, releases: dict[str, dict], hidden: Path, limi
         nb = courses.merge(nbformat.from_dict(release), submitted[name])
         code = [c for c in nb.cells if c.cell_type == "code"]
         t0 = time.time()
-        with closing(RemoteSubmission(Path(folder), limits, getattr(module, "ALLOWED_HELPERS", ()))) as sandboxed:
+        with closing(RemoteSubmission(Path(folder), limits)) as sandboxed:
             try:
-                for cell, (text, error) in zip(code, sandboxed.run([c.source for c in code]), strict=False):
+                for cell, (text, error) in zip(code, sandboxed.run([c.source for c in code], _definitions(code)),
+                                               strict=False):
                     cell.outputs = _outputs(str(text), str(error))
             except Exception as exc:  # noqa: BLE001 - the worker stopped, or answered in a shape it should not
                 result.error = str(exc)
@@ -92,6 +91,13 @@ def grade_submission(folder: Path, releases: dict[str, dict], hidden: Path, limi
         result.notebooks[name] = nb
     result.score = sum(c.score for c in result.cells)
     return result
+
+
+def _definitions(code: list[nbformat.NotebookNode]) -> tuple[list[str], list[str]]:
+    """The code cells before the first answer cell, then up to the last one those that are not tests."""
+    answers = [i for i, c in enumerate(code) if c.metadata.get("nbgrader", {}).get("solution")] or [0]
+    return ([c.source for c in code[:answers[0]]],
+            [c.source for c in code[answers[0]:answers[-1] + 1] if not c.metadata.get("nbgrader", {}).get("grade")])
 
 
 def _outputs(text: str, error: str) -> list[nbformat.NotebookNode]:

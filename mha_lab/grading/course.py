@@ -1,10 +1,6 @@
-"""The course folder as nbgrader lays it out, and its gradebook.
-
-``solutions/<a>/`` holds the sources, ``submitted/<student>/<a>/`` the students' notebooks.
-``register`` puts an assignment into ``gradebook.db`` (nbgrader's, so ``nbgrader generate_feedback``,
-``export`` and formgrader read it); ``record`` writes one student's grades and autograded notebook.
-Only the grader writes here, after the submission's sandbox is gone.
-"""
+"""The course folder as nbgrader lays it out (``solutions/<a>/``, ``submitted/<student>/<a>/``) and its
+``gradebook.db``, which nbgrader's feedback, export and formgrader read. Only the grader writes here, after
+the submission's sandbox is gone."""
 
 from __future__ import annotations
 
@@ -45,11 +41,8 @@ def assignments(course: Path) -> list[str]:
 
 
 def register(course: Path, assignment: str) -> dict[str, nbformat.NotebookNode]:
-    """Enter the assignment, its notebooks and graded cells into the gradebook; returns its releases.
-
-    Runs ``nbgrader generate_assignment`` on a copy of the source, so the course's ``assignments/``
-    is left as it is; the release notebooks it makes are the ones graded against.
-    """
+    """Enter the assignment into the gradebook and return its releases, made by ``nbgrader generate_assignment``
+    on a copy of the source (the course's ``assignments/`` is left as it is)."""
     course = Path(course).resolve()
     source = course / "solutions" / assignment
     if not source.is_dir():

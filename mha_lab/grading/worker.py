@@ -1,40 +1,52 @@
-"""The worker protocol: the student's code runs in the sandbox, the grader asks it for calls.
+"""The worker: a standalone file the sandbox runs as ``python -S worker.py`` on the student's environment
+(the standard library, NumPy, matplotlib; never ``mha_lab``); the grader imports it for the protocol.
 
-Each request and each answer is one JSON line, followed by the arrays it carries in NumPy's
-``.npy`` format (``frame``), over the sandbox's stdin and stdout. ``run`` executes the notebook's
-code cells (their printed output and errors come back for the feedback); ``call`` runs one of the
-student's functions. Nothing crosses as a pickle, so nothing the sandbox sends can run code in the
-grader; arrays are read into place, not copied, so a call's memory is the call's own.
+Each request and answer is one JSON line and the arrays it carries in ``.npy`` format (``frame``), over
+the sandbox's stdin and stdout: ``run`` executes the notebook's code cells, ``call`` one of the student's
+functions, whose helpers named in ``replace`` send ``reference`` requests back to the grader. Nothing
+crosses as a pickle, so nothing either side sends can run code in the other.
 """
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import os
+import resource
 import shutil
 import signal
-import subprocess
 import sys
-import threading
-from collections.abc import Sequence
+import tracemalloc
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from mha_lab.grading import checks, sandbox
-
-__all__ = ["encode", "decode", "frame", "read_message", "RemoteSubmission", "serve"]
+__all__ = ["encode", "decode", "frame", "read_message", "SmoothLoss", "call", "serve", "NOT_AVAILABLE"]
 
 # NumPy functions that may cross by name: pure reductions and ufuncs, nothing that touches files.
 NUMPY_FUNCTIONS = frozenset({"sum", "mean", "std", "var", "max", "min", "prod", "median"})
 CELL_SECONDS = 60  # one notebook cell, as nbgrader's Execute.timeout was
 OUTPUT_CHARS = 20_000  # printed output kept per cell
-RNG = np.random.default_rng()  # the decoy inputs of measured calls
 NPY_HEADERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+REFUSED = ("mha_lab", "torch", "scipy")  # not in the student's environment: importing them says so
+NOT_AVAILABLE = "{} is not available when graded: write the function yourself"
+
+
+class SmoothLoss:
+    """f() = sum(sin(x) x^2) of the array it holds, exact gradient cos(x) x^2 + 2 x sin(x): an object, not a
+    closure, so that it crosses to the sandbox with the very ``x`` a student's code perturbs."""
+
+    def __init__(self, x: np.ndarray) -> None:
+        self.x = x
+
+    def __call__(self) -> float:
+        return float(np.sum(np.sin(self.x) * self.x**2))
+
+    def exact(self) -> np.ndarray:
+        return np.cos(self.x) * self.x**2 + 2 * self.x * np.sin(self.x)
 
 
 def _numpy_function(name: Any) -> Any:
@@ -43,13 +55,9 @@ def _numpy_function(name: Any) -> Any:
     return fn if isinstance(fn, np.ufunc) or name in NUMPY_FUNCTIONS else None
 
 
-def encode(value: Any, arrays: list[np.ndarray]) -> Any:
-    """A JSON-ready form of numbers, strings, None, lists, tuples, dicts, NumPy scalars and functions and
-    ``checks.SmoothLoss``; arrays go into ``arrays`` (they travel after the JSON, see ``frame``).
-
-    An array met twice in one value (``(f, x)`` where f holds x) travels once, so the receiver sees one
-    array, as the sender did.
-    """
+def encode(value: Any, arrays: list[np.ndarray], objects: list[Callable] | None = None) -> Any:
+    """A JSON-ready form of numbers, strings, containers, NumPy scalars and functions and ``SmoothLoss``;
+    arrays go into ``arrays`` (once each, as the sender has them), other callables into ``objects`` if given."""
     if isinstance(value, np.ndarray | np.generic):
         if value.dtype.hasobject:
             raise ValueError("arrays of Python objects cannot be sent without pickles")
@@ -60,22 +68,25 @@ def encode(value: Any, arrays: list[np.ndarray]) -> Any:
     if value is None or isinstance(value, bool | int | float | str):
         return value
     if isinstance(value, tuple):
-        return {"__tuple__": [encode(v, arrays) for v in value]}
+        return {"__tuple__": [encode(v, arrays, objects) for v in value]}
     if isinstance(value, list):
-        return [encode(v, arrays) for v in value]
+        return [encode(v, arrays, objects) for v in value]
     if isinstance(value, dict):
-        return {"__dict__": [[encode(k, arrays), encode(v, arrays)] for k, v in value.items()]}
-    if isinstance(value, checks.SmoothLoss):
+        return {"__dict__": [[encode(k, arrays, objects), encode(v, arrays, objects)] for k, v in value.items()]}
+    if isinstance(value, SmoothLoss):
         return {"__smooth_loss__": encode(value.x, arrays)}
     if _numpy_function(getattr(value, "__name__", "")) is value:
         return {"__numpy__": value.__name__}  # by name: the receiver looks it up in its own NumPy
+    if objects is not None and callable(value):
+        objects.append(value)
+        return {"__callable__": len(objects) - 1}
     return {"__unsupported__": type(value).__name__}
 
 
-def decode(value: Any, arrays: Sequence[np.ndarray]) -> Any:
-    """The inverse of ``encode``; an unsupported type comes back as a placeholder string."""
+def decode(value: Any, arrays: Sequence[np.ndarray], remote: Callable[[int], Callable] | None = None) -> Any:
+    """The inverse of ``encode``; ``remote(i)`` stands for the sender's callable ``i``."""
     if isinstance(value, list):
-        return [decode(v, arrays) for v in value]
+        return [decode(v, arrays, remote) for v in value]
     if not isinstance(value, dict):
         return value
     if "__ndarray__" in value:
@@ -83,19 +94,20 @@ def decode(value: Any, arrays: Sequence[np.ndarray]) -> Any:
     if "__npscalar__" in value:
         return arrays[value["__npscalar__"]][()]
     if "__tuple__" in value:
-        return tuple(decode(v, arrays) for v in value["__tuple__"])
+        return tuple(decode(v, arrays, remote) for v in value["__tuple__"])
     if "__dict__" in value:
-        return {decode(k, arrays): decode(v, arrays) for k, v in value["__dict__"]}
+        return {decode(k, arrays, remote): decode(v, arrays, remote) for k, v in value["__dict__"]}
     if "__smooth_loss__" in value:
-        return checks.SmoothLoss(decode(value["__smooth_loss__"], arrays))
+        return SmoothLoss(decode(value["__smooth_loss__"], arrays))
     if "__numpy__" in value and _numpy_function(value["__numpy__"]) is not None:
         return _numpy_function(value["__numpy__"])
+    if "__callable__" in value and remote is not None:
+        return remote(int(value["__callable__"]))
     return f"<unsupported value of type {value.get('__unsupported__', '?')}>"
 
 
 def frame(message: dict, arrays: Sequence[np.ndarray]) -> list[bytes | memoryview]:
-    """One message as it travels: a JSON line that gives the size of each array, then the arrays in
-    NumPy's ``.npy`` format, each padded to 64 bytes. The arrays' data is not copied (when contiguous)."""
+    """A JSON line with each array's size, then the arrays in ``.npy`` format, padded to 64 bytes, not copied."""
     parts, sizes = [], []
     for a in arrays:
         a = np.array(a, order="C", copy=None)  # 0-d stays 0-d
@@ -107,8 +119,8 @@ def frame(message: dict, arrays: Sequence[np.ndarray]) -> list[bytes | memoryvie
 
 
 def read_message(stream: io.BufferedIOBase, limit: int = 1 << 62) -> tuple[dict, list[np.ndarray]] | None:
-    """The next message on ``stream`` (see ``frame``), or None where the stream ends. Its arrays are views of one
-    buffer, read into place; ValueError for anything malformed, longer than ``limit`` bytes or pickled."""
+    """The next message on ``stream`` (arrays read into place), None at its end; ValueError for anything malformed,
+    longer than ``limit`` bytes or pickled."""
     line = stream.readline(limit)
     if not line:
         return None
@@ -137,7 +149,39 @@ def read_message(stream: io.BufferedIOBase, limit: int = 1 << 62) -> tuple[dict,
     return message, arrays
 
 
-# --- the student's side, in the sandbox ----------------------------------------------------------
+class _Refuse:
+    """An import hook: the packages of ``REFUSED`` fail with a message that says they are not there."""
+
+    seen: set[str] = set()  # the refused packages the notebook tried to import
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        top = name.partition(".")[0]
+        if top in REFUSED:
+            self.seen.add(top)
+            raise ModuleNotFoundError(NOT_AVAILABLE.format(top), name=name)
+
+
+def call(namespace: Mapping[str, Any], name: str, args: tuple, kwargs: dict, replace: dict[str, Callable] | None = None
+         ) -> Any:
+    """``namespace[name](*args, **kwargs)``, the helpers in ``replace`` swapped in; errors become AssertionErrors."""
+    fn = namespace.get(name)
+    if not callable(fn):
+        refused = "".join(f"; {NOT_AVAILABLE.format(m)}" for m in sorted(_Refuse.seen))
+        raise AssertionError(f"`{name}` should be a function, got {type(fn).__name__}" if name in namespace else
+                             f"`{name}` is not defined: run the cell that defines it, and keep its name{refused}")
+    scope = getattr(fn, "__globals__", {})
+    saved = {attr: scope[attr] for attr in (replace or {}) if attr in scope}
+    scope.update({attr: replace[attr] for attr in saved})
+    try:
+        return fn(*args, **kwargs)
+    except NotImplementedError:
+        raise AssertionError(f"`{name}` is not implemented yet (NotImplementedError)") from None
+    except TypeError as exc:
+        raise AssertionError(f"`{name}` raised TypeError: {exc} (check its signature)") from None
+    except Exception as exc:  # noqa: BLE001 - any error of the student's code loses the points, with its reason
+        raise AssertionError(f"`{name}` raised {type(exc).__name__}: {exc}") from None
+    finally:
+        scope.update(saved)
 
 
 def _alarm(signum: int, frame: Any) -> None:
@@ -166,29 +210,60 @@ def _run_cell(source: str, namespace: dict) -> tuple[str, str]:
     return out.getvalue(), error
 
 
-def serve() -> None:
-    """The worker's main: enter the sandbox, then answer requests on stdin until it closes."""
-    sandbox.enter(int(sys.argv[1]))
-    channel, requests = os.fdopen(os.dup(1), "wb"), sys.stdin.buffer
-    os.dup2(2, 1)  # the student's prints go to stderr (discarded), never into the channel
-    sys.stdout, sys.stdin = sys.stderr, open(os.devnull)  # noqa: SIM115 - for the process's lifetime
-    namespace: dict[str, Any] = {"__name__": "__main__"}
-    while (received := read_message(requests)) is not None:
-        channel.writelines(frame(*_answer(*received, namespace)))
-        channel.flush()
-        del received  # before the next request arrives: a measured call starts with nothing of the last one
+class _Grader:
+    """The pipe to the grader: requests in, answers out."""
+
+    def __init__(self, requests: io.BufferedIOBase, answers: io.BufferedIOBase) -> None:
+        self.requests, self.answers = requests, answers
+
+    def send(self, message: dict, arrays: Sequence[np.ndarray]) -> None:
+        self.answers.writelines(frame(message, arrays))
+        self.answers.flush()
+
+    def reference(self, name: str) -> Callable:
+        """A stand-in for the grader's reference ``name``: the grader answers it, calling back the callables it is
+        given; every message of the grader's starts with the arrays it was given, as they are there now."""
+
+        def stand_in(*args: Any, **kwargs: Any) -> Any:
+            arrays: list[np.ndarray] = []
+            objects: list[Callable] = []
+            self.send({"op": "reference", "name": name, "arguments": encode((args, kwargs), arrays, objects)}, arrays)
+            while (received := read_message(self.requests)) is not None:
+                message, data = received
+                for mine, theirs in zip(arrays, data, strict=False):  # the grader's copy, changed in place
+                    if isinstance(mine, np.ndarray) and mine.flags.writeable and mine.shape == theirs.shape:
+                        np.copyto(mine, theirs, casting="unsafe")
+                if message.get("op") != "invoke":  # the reference's answer
+                    if not message.get("ok"):
+                        raise RuntimeError(message.get("message", "the reference failed"))
+                    return decode(message.get("result"), data)
+                sent: list[np.ndarray] = []
+                try:
+                    a, kw = decode(message["arguments"], data)
+                    self.send({"ok": True, "result": encode(objects[int(message["object"])](*a, **kw), sent)}, sent)
+                except Exception as exc:  # noqa: BLE001 - the student's callable failed: the grader says so
+                    self.send({"ok": False, "message": f"{type(exc).__name__}: {exc}"}, [])
+            raise SystemExit(0)  # the grader has gone
+
+        stand_in.__name__ = name
+        return stand_in
 
 
-def _answer(request: dict, arrays: list[np.ndarray], namespace: dict) -> tuple[dict, list[np.ndarray]]:
+def _answer(request: dict, arrays: list[np.ndarray], namespace: dict, grader: _Grader) -> tuple[dict, list]:
     """The reply to one request and the arrays that go with it."""
     if request["op"] == "run":
-        return {"ok": True, "outputs": [_run_cell(source, namespace) for source in request["cells"]],
-                "names": sorted(k for k in namespace if not k.startswith("_"))}, []
+        return {"ok": True, "outputs": [_run_cell(source, namespace) for source in request["cells"]]}, []
     sent: list[np.ndarray] = []
     try:
         args, kwargs = decode(request["arguments"], arrays)
-        result, peak = checks.run(namespace, request["name"], args, kwargs, measure=request["measure"],
-                                  replace=request["replace"])
+        replace = {n: grader.reference(n) for n in request.get("replace", ())}
+        if request.get("measure"):  # the worker's own measurement, where no cgroup reads one
+            tracemalloc.start()
+        try:
+            result = call(namespace, request["name"], args, kwargs, replace)
+        finally:
+            peak = tracemalloc.get_traced_memory()[1] if tracemalloc.is_tracing() else None
+            tracemalloc.stop()
         return {"ok": True, "result": encode(result, sent), "peak": peak}, sent
     except AssertionError as exc:
         return {"ok": False, "message": str(exc)}, []
@@ -196,108 +271,41 @@ def _answer(request: dict, arrays: list[np.ndarray], namespace: dict) -> tuple[d
         return {"ok": False, "message": f"`{request['name']}` returned a value that cannot be sent: {exc}"}, []
 
 
-# --- the grader's side ----------------------------------------------------------------------------
+def _warm_up() -> None:
+    """Pay one-time costs that are not the student's before any student code runs: BLAS's buffers, lazy modules."""
+    a = np.random.default_rng(0).standard_normal((256, 256))
+    np.einsum("ij,jk->ik", a @ a, np.linalg.inv(a + 256 * np.eye(256)))
+    np.exp(a).max(axis=-1, keepdims=True).sum()
+    tracemalloc.start()
+    tracemalloc.stop()
 
 
-class RemoteSubmission(dict):
-    """The ``student`` of the hidden checks, its code in a sandbox: the names its notebook defined
-    (placeholders: the objects stay in the sandbox) and its cells, for ``checks.reference_use``. Calls run
-    in the sandbox, results are judged here. Every request shares one deadline; ``stopped`` says why the
-    worker is gone, once it is."""
+def enter(processes: int) -> None:
+    """Before any student code: drop to the sandbox uid, cap processes, copy the submission to /scratch."""
+    uid = os.environ.pop("MHA_LAB_SANDBOX_UID", "")
+    if uid and os.getuid() == 0:
+        os.setgroups([])
+        os.setresgid(*[int(uid)] * 3)
+        os.setresuid(*[int(uid)] * 3)
+    if uid:
+        resource.setrlimit(resource.RLIMIT_NPROC, (processes, processes))
+        for entry in Path("/submission").iterdir():  # a copy the code may change; links stay links
+            copy = shutil.copytree if entry.is_dir() and not entry.is_symlink() else shutil.copy2
+            copy(entry, Path("/scratch") / entry.name, follow_symlinks=False)
+    sys.meta_path.insert(0, _Refuse())
+    _warm_up()
 
-    def __init__(self, folder: Path, limits: sandbox.Limits, allowed: Sequence[str] = ()) -> None:
-        super().__init__()
-        self.limits, self.allowed, self.cells, self.stopped = limits, frozenset(allowed), (), ""
-        self.copy = sandbox.private_copy(folder, limits)
-        self.proc, self.group = sandbox.start([sandbox.PYTHON, "-m", "mha_lab.grading.worker", str(limits.processes)],
-                                              self.copy, limits)
-        self.timer = threading.Timer(limits.seconds, self._kill,
-                                     [f"the submission ran out of its {limits.seconds:.0f} s"])
-        self.timer.daemon = True  # the grader may exit while it waits
-        self.timer.start()
 
-    def run(self, cells: Sequence[str]) -> list:
-        """Execute the notebook's code cells; for each, what it printed and its error (see ``_run_cell``)."""
-        self.cells = tuple(cells)
-        reply, _ = self.request({"op": "run", "cells": list(cells)})
-        self.update({n: f"<{n} in the submission's sandbox>" for n in reply.get("names", []) if isinstance(n, str)})
-        return reply.get("outputs", [])
-
-    def request(self, message: dict, arrays: Sequence[np.ndarray] = ()) -> tuple[dict, list[np.ndarray]]:
-        """Send one request, wait for its answer and its arrays; AssertionError when the worker dies, hangs,
-        floods or answers garbage."""
-        answer = None
-        try:
-            if not self.stopped:
-                self.proc.stdin.writelines(frame(message, arrays))
-                self.proc.stdin.flush()
-                answer = read_message(self.proc.stdout, self.limits.output)
-        except OSError:  # a broken pipe: the worker is gone
-            pass
-        except (ValueError, TypeError, AttributeError):
-            self._kill(f"the submission's worker answered garbage, or more than {self.limits.output} bytes")
-        if answer is None:  # the deadline's kill, or the worker's own end
-            self._kill(f"the submission's process stopped (exit code {self.proc.wait()}): did its code call "
-                       "os._exit or crash?")
-            raise AssertionError(self.stopped)
-        return answer
-
-    def remote_call(self, name: str, args: tuple, kwargs: dict, *, measure: bool,
-                    replace: dict[str, str]) -> tuple[Any, int | None]:
-        """Run ``name`` in the sandbox; returns ``(result, peak bytes or None)``.
-
-        A measured call runs first on random inputs of the same shapes, so that one-time costs (BLAS's
-        buffers) fall outside the measurement, then on the real ones, whose peak is read from outside:
-        the sandbox's memory cgroup, less the bytes of the inputs. Where the sandbox has no cgroup, the
-        worker measures itself (tracemalloc), which its code could forge.
-        """
-        if measure:  # the decoy: every array replaced by random numbers of its shape and dtype
-            arrays: list[np.ndarray] = []
-            skeleton = encode((args, kwargs), arrays)
-            decoy = decode(skeleton, [RNG.standard_normal(a.shape).astype(a.dtype) for a in arrays])
-            with contextlib.suppress(AssertionError):
-                self._call(name, decoy, replace, measure=False)
-        base = sandbox.reset_peak(self.group) if measure and self.group else None
-        result, peak, inputs = self._call(name, (args, kwargs), replace, measure=measure and not self.group)
-        return result, (peak if base is None else max(sandbox.peak(self.group) - base - inputs, 0))
-
-    def _call(self, name: str, arguments: tuple, replace: dict[str, str], *,
-              measure: bool) -> tuple[Any, int | None, int]:
-        """One call in the sandbox: its result, the peak the worker measured, the bytes of the input arrays."""
-        arrays: list[np.ndarray] = []
-        message = {"op": "call", "name": name, "arguments": encode(arguments, arrays), "measure": measure,
-                   "replace": replace}
-        reply, results = self.request(message, arrays)
-        if not reply.get("ok"):
-            raise AssertionError(str(reply.get("message", "the call failed")))
-        peak, inputs = reply.get("peak"), sum(a.nbytes for a in arrays)
-        return decode(reply.get("result"), results), peak if isinstance(peak, int) else None, inputs
-
-    def _kill(self, reason: str) -> None:
-        """Stop the worker, recording why (the first reason stands). Killing the sandbox's first process
-        (bwrap's child) is enough: the kernel then ends every process of its pid namespace. Unconfined,
-        the worker's process group goes (a process that leaves it survives)."""
-        self.stopped, pid = self.stopped or reason, self.proc.pid
-        with contextlib.suppress(OSError):  # it has gone already
-            if self.limits.unsafe:
-                os.killpg(pid, signal.SIGKILL)
-            for victim in Path(f"/proc/{pid}/task/{pid}/children").read_text().split() or [pid]:
-                os.kill(int(victim), signal.SIGKILL)
-
-    def close(self) -> None:
-        """Stop the worker and wait for it: no process of the submission outlives this call."""
-        self.timer.cancel()
-        self._kill("")
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        for pipe in (self.proc.stdin, self.proc.stdout):
-            with contextlib.suppress(OSError):
-                pipe.close()
-        sandbox.release(self.group)
-        shutil.rmtree(self.copy, ignore_errors=True)
+def serve() -> None:
+    """The worker's main: enter the sandbox, then answer requests on stdin until it closes."""
+    enter(int(sys.argv[1]))
+    grader = _Grader(sys.stdin.buffer, os.fdopen(os.dup(1), "wb"))
+    os.dup2(2, 1)  # the student's prints go to stderr (discarded), never into the channel
+    sys.stdout, sys.stdin = sys.stderr, open(os.devnull)  # noqa: SIM115 - for the process's lifetime
+    namespace: dict[str, Any] = {"__name__": "__main__"}
+    while (received := read_message(grader.requests)) is not None:
+        grader.send(*_answer(*received, namespace, grader))
+        del received  # before the next request arrives: a measured call starts with nothing of the last one
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ import numpy as np
 from mha_lab.cpu import MultiHeadAttention, create_causal_mask, merge_heads, scaled_dot_product_attention, split_heads
 from mha_lab.grading import checks
 
-ALLOWED_HELPERS = {"create_causal_mask"}
 REFERENCE_ATTENTION = {"attention": "mha_lab.cpu.scaled_dot_product_attention"}
 SPLIT_HINT = ("(B, L, d_model) -> (B, L, h, d_k) -> (B, h, L, d_k): reshape first, then transpose. "
               "Did you reshape without transposing, or transpose before reshaping?")

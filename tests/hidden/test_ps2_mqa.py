@@ -22,7 +22,7 @@ from mha_lab.cpu import (
 from mha_lab.grading import checks
 
 # mha_lab names a student function may use: helpers and model data, not answers
-ALLOWED_HELPERS = {"create_causal_mask", "softmax", "ModelConfig", "MODEL_CONFIGS", "gib", "gb"}
+
 LAYOUT_HINT = ("(B, L, h*d_k) -> (B, L, h, d_k) -> (B, h, L, d_k) and back: reshape and transpose in that "
                "order. Did you reshape without transposing?")
 SCALE_HINT = "scale the scores by 1/sqrt(d_k), the head size, not by 1/sqrt(d_model)"
@@ -79,7 +79,18 @@ def test_mqa_forward_mask(student):
 
     checks.expect_array(out, what="mqa_forward output with a causal mask", shape=expected.shape, hint=MASK_HINT)
     checks.expect_close(out, expected, what="mqa_forward with a causal mask vs the reference",
-                        hint=_scale_hint(out, layer, X, causal, MASK_HINT))
+                        hint=_scale_hint(out, layer, X, causal, _mask_hint(student, layer, X, args)))
+
+
+def _mask_hint(student, layer, X, args) -> str:
+    """MASK_HINT only when the output without a mask is right: otherwise the mask may well be fine."""
+    try:
+        plain = checks.call(student, "mqa_forward", *args)
+    except AssertionError:
+        plain = None
+    if np.shape(plain) == X.shape and np.allclose(plain, layer.forward(X), rtol=1e-8, atol=1e-10):
+        return MASK_HINT
+    return "the output without a mask is wrong too, so the mask may be fine: fix what mqa_forward_values reports first"
 
 
 # --- task 2: gqa_forward ------------------------------------------------------------------------
@@ -295,9 +306,7 @@ def _check_sequence(student, salt, B, prompt, L, d_model, h, g):
     for t in range(prompt, L):
         out, cache_k, cache_v = _call_decode(student, X[:, t:t + 1], cache_k, cache_v, layer, h, g, what)
         checks.expect_array(out, what=f"{what}: output of token {t}", shape=(B, 1, d_model))
-        for name, cache in (("cache_k", cache_k), ("cache_v", cache_v)):  # what the next step receives
-            _expect_cache_shape(cache, (B, g, t + 1, d_model // h), h, f"{what}: {name} after token {t}")
-        outs.append(out)
+        outs.append(out)  # the caches' layout is decode_step_cache's to judge: one bug, one penalty
     # 3. judge
     got = np.concatenate(outs, axis=1)  # (B, L - prompt, d_model)
     checks.expect_close(got, expected[:, prompt:], what=f"{what} vs the causal forward of the whole sequence",

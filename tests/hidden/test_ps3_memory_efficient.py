@@ -2,9 +2,10 @@
 
 Every check has three steps: make the inputs (seeded, shapes the visible tests do not use),
 call the student's function through ``checks.call``, judge the result. Memory is graded on its
-own: a memory check measures the peak of the student's function whatever values it returns (a
-wrong value costs the values' points, not the memory's), on the shapes and budgets the visible
-memory tests use. Arrays of the inputs' size are allowed; only an L x L matrix breaks a budget.
+own cells, on the shapes and budgets the visible memory tests use, and only for the computation
+asked for: the measured call's output must match the reference at that size (a wrong result earns
+no memory points). The peak counts from before the first call, so a buffer kept between calls
+counts. Arrays of the inputs' size are allowed; only an L x L matrix breaks a budget.
 """
 
 import numpy as np
@@ -12,17 +13,21 @@ import numpy as np
 from mha_lab.cpu import MultiHeadAttention, create_causal_mask, scaled_dot_product_attention
 from mha_lab.grading import checks
 
-ALLOWED_HELPERS = {"create_causal_mask"}
-
 MiB = 2**20
 
 
-def _expect_shape(out, shape: tuple[int, ...], what: str) -> None:
-    """A memory check asks only for an output of the right shape: its values are graded by other cells."""
+def _expect_computed(out, expected: np.ndarray, what: str) -> None:
+    """Memory points only for the computation asked for: the measured call's output matches the reference at
+    that size, within a tolerance that allows summing in another order but not skipped work."""
     got = out.shape if isinstance(out, np.ndarray) else type(out).__name__
-    checks.expect_true(isinstance(out, np.ndarray) and out.shape == shape,
-                       what=f"{what}: expected an array of shape {shape}, got {got}",
+    checks.expect_true(isinstance(out, np.ndarray) and out.shape == expected.shape,
+                       what=f"{what}: expected an array of shape {expected.shape}, got {got}",
                        hint="return the output array")
+    ok = np.isfinite(out).all() and np.allclose(out, expected, rtol=1e-6, atol=1e-9)
+    checks.expect_true(ok, what=f"{what}: the output of the measured call is wrong (max abs error "
+                       f"{float(np.nanmax(np.abs(out - expected))) if out.size else 0:.3g}), and a wrong result "
+                       "earns no memory points", hint="memory is judged for the computation asked for: make the "
+                       "values right (the values cells name the bug), then the memory counts")
 
 
 # --- measure_peak --------------------------------------------------------------------------------
@@ -163,9 +168,9 @@ def test_head_by_head_forward_memory(student):
     budget = B * h * L * L * 8 // 2  # as in the notebook's visible test
     # 2. call
     out, peak = checks.call_with_peak(student, "head_by_head_forward", X, *_weights(layer), h)
-    # 3. judge: the peak only; the values are graded by the other cells
+    # 3. judge: the values at this size, then the peak
     what = f"head_by_head_forward memory (B={B}, L={L}, num_heads={h})"
-    _expect_shape(out, X.shape, what)
+    _expect_computed(out, layer.forward(X), what)
     checks.expect_within_budget(
         peak, budget, what=what + " (half of one full (B, h, L, L) score tensor)",
         hint="more than one head's (B, L, L) scores are alive at once: a full (B, h, L, L) score tensor, or a list "
@@ -325,9 +330,9 @@ def test_chunked_attention_memory(student):
     budget = full_scores // 8  # as in the notebook's visible test: room for several arrays the size of Q
     # 2. call
     out, peak = checks.call_with_peak(student, "chunked_attention", Q, K, V, block)
-    # 3. judge: the peak only; the values are graded by the other cells
+    # 3. judge: the values at this size, then the peak
     what = f"chunked_attention memory (B={B}, h={h}, L={L}, d={d}, block_size={block})"
-    _expect_shape(out, Q.shape, what)
+    _expect_computed(out, _attention(Q, K, V), what)
     checks.expect_within_budget(
         peak, budget, what=f"{what} (1/8 of a full {full_scores // MiB} MiB score tensor)",
         hint="an L x L (or L x block_size) score matrix is built: work in tiles of block_size queries x "

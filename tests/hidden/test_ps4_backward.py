@@ -14,8 +14,6 @@ from mha_lab.cpu import MultiHeadAttention, create_causal_mask, merge_heads, spl
 from mha_lab.grading import checks
 from mha_lab.testing import GRADCHECK_MAX_REL_ERROR
 
-ALLOWED_HELPERS = {"create_causal_mask", "relative_error"}
-
 WEIGHTS = ("W_Q", "W_K", "W_V", "W_O")
 BIASES = ("b_Q", "b_K", "b_V", "b_O")
 

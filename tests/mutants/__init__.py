@@ -11,6 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+# The feedback of a mutant that takes its answer from mha_lab: the sandbox does not hold the package.
+NOT_AVAILABLE = "mha_lab is not available when graded: write the function yourself"
+
 
 @dataclass(frozen=True)
 class Mutant:

@@ -5,7 +5,7 @@ The loop's cells are judged with mha_lab's attention in place of the student's, 
 ``attention`` costs only the attention cells.
 """
 
-from tests.mutants import Mutant, Variant
+from tests.mutants import NOT_AVAILABLE, Mutant, Variant
 
 SPLIT = "x.reshape(B, L, num_heads, d_k).transpose(0, 2, 1, 3)"
 
@@ -38,7 +38,7 @@ MUTANTS = [
            "    layer.W_Q, layer.W_K, layer.W_V, layer.W_O = W_Q, W_K, W_V, W_O\n"
            "    return per_head_attention(X, layer, mask)",
            breaks={"mha_loop_shape", "mha_loop_values", "mha_loop_mask", "mha_loop_weights"},
-           feedback="uses mha_lab.cpu."),
+           feedback=NOT_AVAILABLE),
 ]
 
 # --- correct solutions written differently ------------------------------------------------------
@@ -166,4 +166,23 @@ VARIANTS = [
     Variant("explicit loops over heads and sequences, heads in reverse",
             {"ans_split_heads": SPLIT_LOOP, "ans_merge_heads": MERGE_LOOP, "ans_attention": ATTENTION_PER_SEQUENCE,
              "ans_mha_forward_loop": LOOP_REVERSED}),
+]
+
+# --- bugs that show only for a batch above 1: each must fail a visible test (``breaks``) of the release ---
+
+BATCH_MUTANTS = [
+    Mutant("split_heads: one sequence only", "ans_split_heads",
+           "return x.reshape(B, L, num_heads, d_k).transpose(0, 2, 1, 3)",
+           "return x.reshape(L, num_heads, d_k).transpose(1, 0, 2)[None]",
+           {"split_heads_shape", "split_heads_values"}, "batch"),
+    Mutant("merge_heads: the first sequence only", "ans_merge_heads",
+           "return x.transpose(0, 2, 1, 3).reshape(B, L, h * d_k)",
+           "return x[:1].transpose(0, 2, 1, 3).reshape(1, L, h * d_k)",
+           {"merge_heads_values"}, "batch"),
+    Mutant("attention: every sequence reads the first one's keys", "ans_attention",
+           "scores = Q @ K.swapaxes(-1, -2) / np.sqrt(d_k)", "scores = Q @ K[0].T / np.sqrt(d_k)",
+           {"attention_values", "mha_loop_values", "mha_loop_mask"}, "batch"),  # the visible loop calls it too
+    Mutant("mha_forward_loop: weights of the first sequence only", "ans_mha_forward_loop",
+           "head_weights.append(weights)", "head_weights.append(weights[:1])",
+           {"mha_loop_weights"}, "batch"),
 ]

@@ -1,7 +1,7 @@
 """One-bug variants of the ps2_mqa solution, each with the tests cells it must fail;
 and correct solutions written differently, which must keep every point."""
 
-from tests.mutants import Mutant, Variant
+from tests.mutants import NOT_AVAILABLE, Mutant, Variant
 
 DECODE = "ans_decode_step"
 
@@ -21,7 +21,7 @@ MUTANTS = [
            "    layer.W_Q, layer.W_K, layer.W_V, layer.W_O = W_Q, W_K, W_V, W_O\n"
            "    return layer.forward(X, mask)\n",
            breaks={"mqa_forward_shape", "mqa_forward_values", "mqa_forward_mask"},
-           feedback="uses mha_lab.cpu.GroupedQueryAttention"),
+           feedback=NOT_AVAILABLE),
     Mutant("gqa: np.tile instead of np.repeat", "ans_gqa_forward",
            "np.repeat(K, n_rep, axis=1), np.repeat(V, n_rep, axis=1)",
            "np.tile(K, (1, n_rep, 1, 1)), np.tile(V, (1, n_rep, 1, 1))",
@@ -38,7 +38,7 @@ MUTANTS = [
            "    config = ModelConfig('any', n_layers, n_kv_heads * head_dim, n_kv_heads, n_kv_heads, head_dim)\n"
            "    dtype = {1: 'int8', 2: 'float16', 4: 'float32', 8: 'float64'}[bytes_per_element]\n"
            "    return reference(config, seq_len, batch_size, dtype)\n    return 2 * n_layers",
-           breaks={"kv_cache_bytes_values"}, feedback="uses mha_lab.analysis.kv_cache_bytes"),
+           breaks={"kv_cache_bytes_values"}, feedback=NOT_AVAILABLE),
     Mutant("kv cache: batch size left out", "ans_kv_cache_bytes", " * batch_size", "",
            breaks={"kv_cache_bytes_values"}, feedback="2 (K and V) x n_layers"),
     Mutant("decode: key appended to the value cache", DECODE,
@@ -68,7 +68,7 @@ MUTANTS = [
            "    return out, cache.keys.copy(), cache.values.copy()\n"
            "    B, _, d_model = x.shape\n",
            breaks={"decode_step_cache", "decode_step_values", "decode_step_sequence"},
-           feedback="uses mha_lab.cpu."),
+           feedback=NOT_AVAILABLE),
 ]
 
 # --- correct solutions written differently ------------------------------------------------------
@@ -239,4 +239,21 @@ VARIANTS = [
     Variant("swapaxes/moveaxis, np.take, softmax written out",
             {"ans_mqa_forward": MQA_SWAPAXES, "ans_gqa_forward": GQA_TAKE, "ans_kv_cache_bytes": KV_NUMPY,
              DECODE: DECODE_OWN_SOFTMAX}),
+]
+
+# --- bugs that show only for a batch above 1: each must fail a visible test (``breaks``) of the release ---
+
+BATCH_MUTANTS = [
+    Mutant("mqa_forward: [None] for [:, None]", "ans_mqa_forward",
+           "K = (X @ W_K)[:, None]", "K = (X @ W_K)[None]", {"mqa_forward_values"}, "batch"),
+    Mutant("gqa_forward: queries reshaped across the batch", "ans_gqa_forward",
+           "Q = (X @ W_Q).reshape(B, L, num_heads, d_k).transpose(0, 2, 1, 3)",
+           "Q = (X @ W_Q).reshape(L, B, num_heads, d_k).transpose(1, 2, 0, 3)",
+           {"gqa_forward_values", "gqa_forward_limits"}, "batch"),
+    Mutant("kv_cache_bytes: one sequence", "ans_kv_cache_bytes", " * batch_size", "",
+           {"kv_cache_bytes_values"}, "batch"),
+    Mutant("decode_step: every sequence reads the first one's cache", DECODE,
+           "scores = q @ K.transpose(0, 1, 3, 2) / np.sqrt(d_k)",
+           "scores = q @ K[:1].transpose(0, 1, 3, 2) / np.sqrt(d_k)",
+           {"decode_step_values", "decode_step_sequence"}, "batch"),
 ]

@@ -1,11 +1,12 @@
 """Known bugs in ps3_memory_efficient, each in one answer cell, and the tests cells they must fail;
 and correct solutions written differently, which must keep every point."""
 
-from tests.mutants import Mutant, Variant
+from tests.mutants import NOT_AVAILABLE, Mutant, Variant
 
 HBH = "head_by_head_forward"
 CHUNKED = "chunked_attention"
-# Memory is graded on its own: a wrong value costs the values' cells, never the memory cell.
+# Memory is graded in its own cell, for the computation asked for: a bug that shows at the measured size
+# (no causal mask, moderate scores, whole blocks) costs the memory cell too; one that does not, never.
 CHUNKED_VALUES = {"chunked_attention_values", "chunked_attention_causal", "chunked_attention_stability"}
 
 MUTANTS = [
@@ -26,17 +27,17 @@ MUTANTS = [
            {"head_by_head_forward_memory"}, "a full (B, h, L, L) score tensor"),
     Mutant("scale_by_sqrt_d_model", HBH,
            "scale = 1.0 / np.sqrt(d_k)", "scale = 1.0 / np.sqrt(d_model)",
-           {"head_by_head_forward_values", "head_by_head_forward_mask"},
+           {"head_by_head_forward_values", "head_by_head_forward_mask", "head_by_head_forward_memory"},
            "scaled by sqrt(d_model)"),
     Mutant("head_softmax_without_row_max", HBH,
            "        S -= S.max(axis=-1, keepdims=True)  # softmax in place: one (B, L, L) buffer for this head\n", "",
            {"head_by_head_forward_stability"}, "subtract each row's maximum"),
     Mutant("no_rescale_of_accumulator", CHUNKED,
            "acc = alpha * acc + P @ V[:, :, ks:ke]", "acc = acc + P @ V[:, :, ks:ke]",
-           CHUNKED_VALUES, "rescale the accumulator"),
+           CHUNKED_VALUES | {"chunked_attention_memory"}, "rescale the accumulator"),
     Mutant("running_max_not_updated", CHUNKED,
            "            m_i = m_new\n", "",
-           CHUNKED_VALUES, "carry the running max m forward"),
+           CHUNKED_VALUES | {"chunked_attention_memory"}, "carry the running max m forward"),
     Mutant("running_max_starts_at_zero", CHUNKED,
            "m_i = np.full((B, h, qe - qs, 1), -np.inf)", "m_i = np.zeros((B, h, qe - qs, 1))",
            {"chunked_attention_stability"}, "start m at -inf"),
@@ -61,7 +62,7 @@ MUTANTS = [
            "    return fast(Q, K, V, causal=causal, block_q=block_size, block_k=block_size)\n"
            "    B, h, L, d = Q.shape\n",
            {"chunked_attention_shape", "chunked_attention_memory"} | CHUNKED_VALUES,
-           "uses mha_lab.cpu.chunked_attention"),
+           NOT_AVAILABLE),
 ]
 
 # --- correct solutions written differently ------------------------------------------------------
@@ -234,4 +235,16 @@ VARIANTS = [
             {"measure_peak": PEAK_RESET, HBH: HBH_CONCAT_HEADS, CHUNKED: CHUNKED_KEYS_OUTER}),
     Variant("2-D tiles per sequence and head, in-place state",
             {HBH: HBH_PER_SEQUENCE, CHUNKED: CHUNKED_PER_HEAD_2D}),
+]
+
+# --- bugs that show only for a batch above 1: each must fail a visible test (``breaks``) of the release ---
+# (measure_peak has no batch.)
+
+BATCH_MUTANTS = [
+    Mutant("head_by_head_forward: every sequence reads the first one's keys", HBH,
+           "S = Q @ K.transpose(0, 2, 1)", "S = Q @ K[0].T",
+           {"head_by_head_forward_values", "head_by_head_forward_mask", "head_by_head_forward_stability"}, "batch"),
+    Mutant("chunked_attention: every sequence reads the first one's keys", CHUNKED,
+           "S = q @ K[:, :, ks:ke].transpose(0, 1, 3, 2)", "S = q @ K[:1, :, ks:ke].transpose(0, 1, 3, 2)",
+           {"chunked_attention_values", "chunked_attention_causal", "chunked_attention_stability"}, "batch"),
 ]

@@ -1,7 +1,7 @@
 """Known bugs in ps4_backward, each in one answer cell, and the tests cells they must fail;
 and correct solutions written differently, which must keep every point."""
 
-from tests.mutants import Mutant, Variant
+from tests.mutants import NOT_AVAILABLE, Mutant, Variant
 
 BWD = "mha_backward"
 # A bug in steps 4 to 6 reaches grad_W_Q/grad_W_K, grad_X (their sum) and the Q/K bias gradients.
@@ -35,11 +35,15 @@ MUTANTS = [
            {"mha_backward_grad_b"}, "summed over batch AND positions"),
     Mutant("answer_from_mha_lab", BWD,
            '    X, Q, K, V, A, concat, params = (cache[n] for n in ("X", "Q", "K", "V", "A", "concat", "params"))\n',
-           '    layer = reference_layer(cache["params"], cache["Q"].shape[1])\n'
+           '    from mha_lab.cpu import MultiHeadAttention\n'
+           '    p = cache["params"]\n'
+           '    layer = MultiHeadAttention(cache["X"].shape[-1], cache["Q"].shape[1], use_bias="b_Q" in p)\n'
+           '    for name, value in cache["params"].items():\n'
+           '        setattr(layer, name, value)\n'
            '    layer.forward(cache["X"])\n'
            '    return layer.backward(grad_out), layer.gradients()\n',
            {"mha_backward_shapes", "mha_backward_grad_W_O", "mha_backward_grad_W_V", "mha_backward_grad_W_QK",
-            "mha_backward_grad_X", "mha_backward_grad_b"}, "uses mha_lab.cpu.MultiHeadAttention"),
+            "mha_backward_grad_X", "mha_backward_grad_b"}, NOT_AVAILABLE),
     Mutant("forward_difference", "numerical_gradient",
            "        x[idx] = orig - eps\n        f_minus = f()\n        x[idx] = orig\n"
            "        grad[idx] = (f_plus - f_minus) / (2 * eps)",
@@ -188,4 +192,22 @@ VARIANTS = [
             {BWD: BACKWARD_PER_HEAD, "numerical_gradient": NUMERICAL_NDITER, "gradient_check": CHECK_COMPREHENSION}),
     Variant("steps 3 to 5 in one buffer, in place",
             {BWD: BACKWARD_IN_PLACE}),
+]
+
+# --- bugs that show only for a batch above 1: each must fail a visible test (``breaks``) of the release ---
+# (numerical_gradient and gradient_check take no batch: their inputs are arrays of any shape.)
+
+BATCH_MUTANTS = [
+    Mutant("grad W_O: the mean over the batch", BWD,
+           'grads["W_O"] = concat.reshape(B * L, d_model).T @ grad_out.reshape(B * L, d_model)',
+           'grads["W_O"] = concat.reshape(B * L, d_model).T @ grad_out.reshape(B * L, d_model) / B',
+           {"mha_backward_grad_W_O"}, "batch"),
+    Mutant("grad W_V: the mean over the batch", BWD,
+           'grads["W_V"] = X2.T @ grad_Vf.reshape(B * L, d_model)',
+           'grads["W_V"] = X2.T @ grad_Vf.reshape(B * L, d_model) / B', {"mha_backward_grad_W_V"}, "batch"),
+    Mutant("grad W_K: the mean over the batch", BWD,
+           'grads["W_K"] = X2.T @ grad_Kf.reshape(B * L, d_model)',
+           'grads["W_K"] = X2.T @ grad_Kf.reshape(B * L, d_model) / B', {"mha_backward_grad_W_QK"}, "batch"),
+    Mutant("grad X: the first sequence's only", BWD,
+           "grad_X = grad_Qf @ params", "grad_X = grad_Qf[:1] @ params", {"mha_backward_grad_X"}, "batch"),
 ]

@@ -1,0 +1,158 @@
+"""The grader's side of the worker: a submission whose code runs in a sandbox, called from the hidden checks."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mha_lab.grading import sandbox
+from mha_lab.grading.worker import decode, encode, frame, read_message
+
+__all__ = ["RemoteSubmission"]
+
+
+
+class RemoteSubmission:
+    """The ``student`` of the hidden checks: calls run in its sandbox, results are judged here, all before one
+    deadline; ``stopped`` says why the worker is gone, once it is."""
+
+    def __init__(self, folder: Path, limits: sandbox.Limits) -> None:
+        self.folder, self.limits, self.stopped, self.references = Path(folder), limits, "", {}
+        self.deadline, self.definitions = time.monotonic() + limits.seconds, None
+        self.copy = sandbox.private_copy(folder, limits)
+        self.proc, self.group = sandbox.start(self.copy, limits)
+        self.timer = threading.Timer(limits.seconds, self._kill,
+                                     [f"the submission ran out of its {limits.seconds:.0f} s"])
+        self.timer.daemon = True  # the grader may exit while it waits
+        self.timer.start()
+
+    def run(self, cells: Sequence[str], definitions: tuple[Sequence[str], Sequence[str]] | None = None) -> list:
+        """Run the code cells: (printed text, error) each. ``definitions`` (default: none, then all): the cells
+        before the first answer cell, then those that define the student's functions, for measured calls."""
+        self.definitions = definitions or ((), cells)
+        return self.request({"op": "run", "cells": list(cells)})[0].get("outputs", [])
+
+    def request(self, message: dict, arrays: Sequence[np.ndarray] = ()) -> tuple[dict, list[np.ndarray]]:
+        """Send a request, answer its ``reference`` requests, return its answer; AssertionError when the worker
+        dies, hangs, floods or answers garbage."""
+        answer = None
+        try:
+            if not self.stopped:
+                self.proc.stdin.writelines(frame(message, arrays))
+                self.proc.stdin.flush()
+                answer = read_message(self.proc.stdout, self.limits.output)
+                while answer is not None and answer[0].get("op") == "reference":
+                    self.proc.stdin.writelines(frame(*self._reference(*answer)))
+                    self.proc.stdin.flush()
+                    answer = read_message(self.proc.stdout, self.limits.output)
+        except OSError:  # a broken pipe: the worker is gone
+            pass
+        except (ValueError, TypeError, AttributeError, KeyError):
+            self._kill(f"the submission's worker answered garbage, or more than {self.limits.output} bytes")
+        if answer is None:  # the deadline's kill, or the worker's own end
+            self._kill(f"the submission's process stopped (exit code {self.proc.wait()}): did its code call "
+                       "os._exit or crash?")
+            raise AssertionError(self.stopped)
+        return answer
+
+    def _reference(self, message: dict, arrays: list[np.ndarray]) -> tuple[dict, list[np.ndarray]]:
+        """Run the reference asked for if the call in progress named it; the reply carries the arguments' arrays
+        as it left them (it may change them in place), then its result."""
+        arrays = [np.array(a) for a in arrays]  # writable copies
+        path = self.references.get(message.get("name"))
+        if path is None:
+            return {"ok": False, "message": f"`{message.get('name')}` is answered by the grader only during the "
+                                            "call it was given to"}, arrays
+        module, _, func = path.rpartition(".")
+        try:
+            args, kwargs = decode(message["arguments"], arrays, lambda i: self._student_callable(i, arrays))
+            result, sent = getattr(importlib.import_module(module), func)(*args, **kwargs), list(arrays)
+            return {"ok": True, "result": encode(result, sent)}, sent  # the arguments' arrays first
+        except AssertionError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - e.g. arguments of the wrong shape from the student's code
+            return {"ok": False, "message": f"{func} raised {type(exc).__name__}: {exc}"}, arrays
+
+    def _student_callable(self, index: int, shared: list[np.ndarray]) -> Callable:
+        """The worker's callable ``index``: each call sends the shared arrays first, as they are now."""
+
+        def invoke(*args: Any, **kwargs: Any) -> Any:
+            sent = list(shared)  # first, as the reference has left them
+            reply, results = self.request({"op": "invoke", "object": index, "arguments": encode((args, kwargs), sent)},
+                                          sent)
+            if not reply.get("ok"):
+                raise RuntimeError(f"the student's function failed: {reply.get('message')}")
+            return decode(reply.get("result"), results)
+
+        return invoke
+
+    def remote_call(self, name: str, args: tuple, kwargs: dict, *, measure: bool,
+                    replace: dict[str, str]) -> tuple[Any, int | None]:
+        """``(result, peak bytes or None)`` of ``name`` in the sandbox, the helpers in ``replace`` (name -> dotted
+        path) answered here by their references. A measured call is the first call of a fresh sandbox that has
+        run only the ``definitions``; its peak, read from outside (the memory cgroup), is that sandbox's growth
+        since before the answer cells ran less the inputs: what the student's code keeps counts, nothing of the
+        tests does. Without a cgroup the worker measures the call (tracemalloc), which its code could forge."""
+        self.references = dict(replace)
+        try:
+            if not measure:
+                return self._call(name, (args, kwargs), measure=False)[:2]
+            limits = dataclasses.replace(self.limits, seconds=max(self.deadline - time.monotonic(), 1.0))
+            with contextlib.closing(RemoteSubmission(self.folder, limits)) as fresh:
+                fresh.run(self.definitions[0])
+                base = sandbox.reset_peak(fresh.group) if fresh.group else None
+                fresh.run(self.definitions[1])
+                fresh.references = self.references
+                result, peak, inputs = fresh._call(name, (args, kwargs), measure=not fresh.group)
+                peak = sandbox.peak(fresh.group) - base if base is not None else peak or 0
+            return result, max(peak - inputs, 0)
+        finally:
+            self.references = {}
+
+    def _call(self, name: str, arguments: tuple, *, measure: bool) -> tuple[Any, int | None, int]:
+        """One call: its result, the peak the worker measured, the bytes of the inputs."""
+        arrays: list[np.ndarray] = []
+        message = {"op": "call", "name": name, "arguments": encode(arguments, arrays), "measure": measure,
+                   "replace": sorted(self.references)}
+        reply, results = self.request(message, arrays)
+        if not reply.get("ok"):
+            raise AssertionError(str(reply.get("message", "the call failed")))
+        peak, inputs = reply.get("peak"), sum(a.nbytes for a in arrays)
+        return decode(reply.get("result"), results), peak if isinstance(peak, int) else None, inputs
+
+    def _kill(self, reason: str) -> None:
+        """Stop the worker, recording why (the first reason stands): killing bwrap's child ends its pid namespace;
+        unconfined, the worker's process group goes."""
+        self.stopped, pid = self.stopped or reason, self.proc.pid
+        with contextlib.suppress(OSError):  # it has gone already
+            if self.limits.unsafe:
+                os.killpg(pid, signal.SIGKILL)
+            for victim in Path(f"/proc/{pid}/task/{pid}/children").read_text().split() or [pid]:
+                os.kill(int(victim), signal.SIGKILL)
+
+    def close(self) -> None:
+        """Stop the worker and wait for it: no process of the submission outlives this call."""
+        self.timer.cancel()
+        self._kill("")
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            with contextlib.suppress(OSError):
+                pipe.close()
+        sandbox.release(self.group)
+        shutil.rmtree(self.copy, ignore_errors=True)

@@ -1,0 +1,115 @@
+"""The expected values a release's visible tests compare with: ``solutions/<a>/expected.npz``.
+
+Releases need only NumPy, matplotlib and Jupyter (``assignments/requirements.txt``), so the
+reference layers their visible tests used to call are replaced by their outputs, computed here
+from ``mha_lab`` and stored beside the notebook (nbgrader copies the file into the release).
+``python -m mha_lab release-values`` (run by ``make assignments``) writes them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from mha_lab.cpu import GroupedQueryAttention, MultiHeadAttention, create_causal_mask, scaled_dot_product_attention
+from mha_lab.measure import traced_memory
+
+__all__ = ["FILENAME", "VALUES", "main"]
+
+FILENAME = "expected.npz"
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _weights(layer: MultiHeadAttention | GroupedQueryAttention, prefix: str = "") -> dict[str, np.ndarray]:
+    return {f"{prefix}W_{n}": getattr(layer, f"W_{n}") for n in "QKVO"}
+
+
+def _ps1() -> dict[str, np.ndarray]:
+    fused = MultiHeadAttention(d_model=16, num_heads=4, seed=0)
+    X = np.random.default_rng(3).normal(size=(2, 6, 16))  # B=2, L=6, d_model=16
+    return {**_weights(fused), "X": X, "out": fused.forward(X), "out_causal": fused.forward(X, create_causal_mask(6))}
+
+
+def _ps2() -> dict[str, np.ndarray]:
+    mqa = GroupedQueryAttention(d_model=4, num_heads=2, num_kv_heads=1, seed=0)
+    X3 = np.random.default_rng(10).normal(size=(3, 3, 4))  # B=3: every sequence of a batch has its own keys
+    gqa = GroupedQueryAttention(d_model=8, num_heads=4, num_kv_heads=2, seed=1)
+    X8 = np.random.default_rng(1).normal(size=(2, 3, 8))  # B=2
+    mha = MultiHeadAttention(d_model=8, num_heads=2, seed=2)
+    decode = GroupedQueryAttention(d_model=8, num_heads=4, num_kv_heads=2, seed=3)
+    X5 = np.random.default_rng(3).normal(size=(2, 5, 8))  # B=2, L=5
+    return {**_weights(mqa, "mqa_"), "mqa_X": X3, "mqa_out": mqa.forward(X3),
+            **_weights(gqa, "gqa_"), "gqa_X": X8, "gqa_out": gqa.forward(X8),
+            **_weights(mha, "mha_"), "mha_out": mha.forward(X8),
+            **_weights(decode, "decode_"), "decode_X": X5, "decode_out": decode.forward(X5, create_causal_mask(5))}
+
+
+def _ps3() -> dict[str, np.ndarray]:
+    layer = MultiHeadAttention(d_model=8, num_heads=2, seed=0)
+    X = np.random.default_rng(0).standard_normal((2, 5, 8))
+    hot = MultiHeadAttention(d_model=8, num_heads=2, seed=0)
+    hot.W_Q = 1000.0 * layer.W_Q  # scores in the thousands
+    rng = np.random.default_rng(2)
+    Q, K, V = (rng.standard_normal((2, 2, 6, 4)) for _ in range(3))  # B=2, h=2, L=6, d=4
+    Qn, Kp = -1000.0 * np.abs(Q), np.abs(K) + 0.5  # every score of these rows is below -745
+
+    def attend(*args: np.ndarray) -> np.ndarray:
+        return scaled_dot_product_attention(*args)[0]
+
+    rng_b = np.random.default_rng(1)  # the visible memory tests' inputs, made in the notebook the same way
+    big = MultiHeadAttention(64, 16)
+    big.W_Q, big.W_K, big.W_V, big.W_O = rng_b.standard_normal((4, 64, 64)) / 8
+    Xb = rng_b.standard_normal((1, 256, 64))
+    Qb, Kb, Vb = np.random.default_rng(3).standard_normal((3, 1, 4, 1024, 16))
+    compare = MultiHeadAttention(128, 8, seed=0)  # the fused layer of the notebook's last, ungraded cell
+    Xc = np.random.default_rng(0).standard_normal((1, 512, 128))
+    return {**_weights(layer), "X": X, "out": layer.forward(X), "out_causal": layer.forward(X, create_causal_mask(5)),
+            "out_hot": hot.forward(X), "Q": Q, "K": K, "V": V, "chunked": attend(Q, K, V),
+            "chunked_causal": attend(Q, K, V, create_causal_mask(6)), "chunked_large": attend(100.0 * Q, K, V),
+            "Qn": Qn, "Kp": Kp, "chunked_negative": attend(Qn, Kp, V), "big_rows": big.forward(Xb)[:, :8],
+            "chunked_big_rows": attend(Qb, Kb, Vb)[:, :, :8],
+            "compare_fused_peak": np.array(traced_memory(lambda: compare.forward(Xc))[1])}
+
+
+def _ps4() -> dict[str, np.ndarray]:
+    values = {}
+    for name, seed, shape, bias, mask in (("", 0, (2, 3, 8), False, None), ("b_", 2, (3, 4, 8), True, None),
+                                          ("c_", 3, (2, 4, 8), False, create_causal_mask(4))):
+        rng = np.random.default_rng(seed)
+        layer = MultiHeadAttention(8, 2, use_bias=bias)
+        for n in "QKVO":
+            setattr(layer, f"W_{n}", rng.standard_normal((8, 8)) / np.sqrt(8))
+        if bias:
+            for n in "QKVO":
+                setattr(layer, f"b_{n}", 0.1 * rng.standard_normal(8))
+        X = np.random.default_rng(10 + seed).standard_normal(shape)
+        G = np.random.default_rng(20 + seed).standard_normal(shape)
+        layer.forward(X, mask)
+        values |= {f"{name}X": X, f"{name}G": G, f"{name}grad_X": layer.backward(G)}
+        values |= {f"{name}{k}": getattr(layer, k) for k in layer.gradients()}
+        values |= {f"{name}grad_{k}": v for k, v in layer.gradients().items()}
+    return values
+
+
+VALUES: dict[str, Callable[[], dict[str, np.ndarray]]] = {
+    "ps1_per_head_loop": _ps1, "ps2_mqa": _ps2, "ps3_memory_efficient": _ps3, "ps4_backward": _ps4}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mha_lab release-values", description=__doc__.splitlines()[0])
+    parser.add_argument("assignment", nargs="*", help="default: every assignment")
+    parser.add_argument("--course", type=Path, default=REPO, help="course root (default: this repository)")
+    args = parser.parse_args(argv)
+    for a in args.assignment or sorted(VALUES):
+        out = args.course / "solutions" / a / FILENAME
+        np.savez(out, **VALUES[a]())
+        print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""The visible tests catch what the hidden ones catch at a batch above 1.
+
+Each graded function with a batch axis has a mutant wrong only for B > 1 (``BATCH_MUTANTS`` in
+``tests/mutants/<assignment>.py``). The release, filled with the solution and that one mutant, runs top
+to bottom in a Jupyter kernel, as a student runs it, from its own folder (its ``expected.npz``): the
+tests cells the mutant names must fail there, and the same notebook without the mutant fails none.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+from mha_lab.classroom import answer_cell, fill_release, mutants
+
+REPO = Path(__file__).resolve().parents[1]
+ASSIGNMENTS = sorted(p.name for p in (REPO / "solutions").iterdir() if (p / f"{p.name}.ipynb").is_file())
+
+
+def batch_mutants(assignment: str) -> list:
+    mutants(assignment)  # puts this clone's ``tests`` package on the path
+    return getattr(importlib.import_module(f"tests.mutants.{assignment}"), "BATCH_MUTANTS", [])
+
+
+def failing_cells(assignment: str, edits: dict[str, str]) -> set[str]:
+    """The grade_ids of the tests cells that raise when the filled release runs in a kernel."""
+    release = nbformat.read(REPO / "assignments" / assignment / f"{assignment}.ipynb", as_version=4)
+    solution = nbformat.read(REPO / "solutions" / assignment / f"{assignment}.ipynb", as_version=4)
+    nb = fill_release(release, solution, edits)
+    NotebookClient(nb, timeout=120, allow_errors=True, kernel_name="python3",
+                   resources={"metadata": {"path": str(REPO / "assignments" / assignment)}}).execute()
+    return {c.metadata["nbgrader"]["grade_id"] for c in nb.cells
+            if c.cell_type == "code" and c.metadata.get("nbgrader", {}).get("grade")
+            and any(o.output_type == "error" for o in c.outputs)}
+
+
+CASES = [(a, m) for a in ASSIGNMENTS for m in batch_mutants(a)]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("assignment", ASSIGNMENTS)
+def test_every_graded_function_with_a_batch_has_a_batch_mutant(assignment):
+    """The solution passes its visible tests; its batch mutants cover each graded function that has a batch."""
+    assert failing_cells(assignment, {}) == set(), f"{assignment}: the solution fails its own visible tests"
+    assert len(batch_mutants(assignment)) >= 2
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(("assignment", "mutant"), CASES, ids=[f"{a}-{m.name}" for a, m in CASES])
+def test_a_bug_only_for_a_batch_fails_a_visible_test(assignment, mutant):
+    solution = nbformat.read(REPO / "solutions" / assignment / f"{assignment}.ipynb", as_version=4)
+    failed = failing_cells(assignment, {mutant.grade_id: mutant.apply(answer_cell(solution, mutant.grade_id))})
+    assert failed == mutant.breaks, f"{mutant.name}: expected the visible tests {sorted(mutant.breaks)} to fail, " \
+                                    f"{sorted(failed)} failed"
