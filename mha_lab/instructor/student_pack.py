@@ -3,8 +3,8 @@
 ``python -m mha_lab student-pack`` (``make student-pack``) writes ``_build/student/mha_lab_student.zip``:
 
 - ``assignments/<name>/<name>.ipynb``: the release notebooks (stubs, visible tests);
-- ``mha_lab/``: the package, without the instructor's tools (the grader, ``classroom``, ``grade_bench``,
-  this module);
+- ``mha_lab/``: the package, without the instructor's tools (``mha_lab.grading`` and
+  ``mha_lab.instructor``, this module's package);
 - ``pyproject.toml`` and a ``README.txt`` that says how to install and open them.
 
 Solutions, hidden checks and everything else of the repository stay out; the build refuses to
@@ -21,9 +21,9 @@ from pathlib import Path
 
 __all__ = ["INSTRUCTOR_ONLY", "MARKERS", "members", "build", "main"]
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 # Parts of mha_lab that only instructors use: they hold no answers, but a student has no use for them.
-INSTRUCTOR_ONLY = ("mha_lab/grading/", "mha_lab/classroom.py", "mha_lab/grade_bench.py", "mha_lab/student_pack.py")
+INSTRUCTOR_ONLY = ("mha_lab/grading/", "mha_lab/instructor/")
 MARKERS = ("### BEGIN SOLUTION", "### BEGIN HIDDEN TESTS", "run_hidden_checks")
 
 README = """MHA Lab: the problem sets
