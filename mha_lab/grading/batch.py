@@ -48,6 +48,7 @@ class StudentResult:
     max_score: float = 0.0
     cells: list[CellResult] = field(default_factory=list)
     error: str = ""
+    note: str = ""  # graded, with a remark: a notebook under another name
     timings: dict[str, float] = field(default_factory=dict)  # seconds: queue, run, judge
     notebooks: dict[str, dict] = field(default_factory=dict)  # name -> the executed notebook, for feedback
 
@@ -63,13 +64,17 @@ def grade_submission(folder: Path, releases: dict[str, dict], hidden: Path, limi
                     if c.cell_type == "code" and c.metadata.get("nbgrader", {}).get("grade")]
     result.max_score = sum(c.max_score for c in result.cells)
     try:
-        submitted = {n: courses.submitted_notebook(folder, n) for n in releases}
+        files = {n: courses.locate(folder, n, alone=len(releases) == 1) for n in releases}
+        submitted = {n: courses.submitted_notebook(folder, f) for n, (f, _) in files.items()}
     except ValueError as exc:
         result.error = str(exc)
         return result
+    result.note = "; ".join(note for _, note in files.values() if note)
     module = judge.load(hidden)
     for name, release in releases.items():
         nb = courses.merge(nbformat.from_dict(release), submitted[name])
+        if files[name][1]:
+            nb.cells.insert(0, nbformat.v4.new_markdown_cell(f"**Note:** {files[name][1]}."))
         code = [c for c in nb.cells if c.cell_type == "code"]
         t0 = time.time()
         with closing(RemoteSubmission(Path(folder), limits, getattr(module, "ALLOWED_HELPERS", ()))) as sandboxed:

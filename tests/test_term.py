@@ -1,0 +1,160 @@
+"""A term on a small course: submission times, a due date, an extension and late penalties, the nbgrader way.
+
+The ``demo`` assignment of ``test_grading_batch`` (3 points), due 2026-11-20 17:00 UTC, a penalty of a
+tenth of the score per started day late (at most half), and a class: on time, 26 h late, late past an
+extension, no timestamp, failing one cell, a notebook under another name, two notebooks under other
+names, and a student with no submission. Graded with the real command; then read back through
+``nbgrader export``, formgrader's API and ``nbgrader autograde`` on a hostile submission.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import shutil
+from pathlib import Path
+
+import nbformat
+import pytest
+from test_grading_batch import HIDDEN, source_notebook
+
+from mha_lab.grading import __main__ as cli
+from mha_lab.grading import course as courses
+from mha_lab.grading.judge import HIDDEN_DIR_ENV
+from mha_lab.instructor import term
+
+REPO = Path(__file__).resolve().parents[1]
+DUE = "2026-11-20 17:00:00 UTC"
+GOOD = "def double(x):\n    return 2 * x"
+HALF = "def double(x):\n    return 2 * x if np.ndim(x) else 0"  # loses double_int only
+CLASS = {  # student -> (answer, timestamp.txt as nbgrader collect writes it, or None)
+    "ontime": (GOOD, "2026-11-20 16:00:00.000000 UTC"),
+    "late": (GOOD, "2026-11-21 19:00:00.000000 UTC"),  # 26 h late, 2 started days: -0.6
+    "extended": (GOOD, "2026-11-21 23:00:00.000000 UTC"),  # due 2026-11-21 17:00 for them: 6 h late, -0.3
+    "notime": (GOOD, None),
+    "half": (HALF, "2026-11-20 12:00:00.000000 UTC"),
+    "renamed": (GOOD, "2026-11-20 12:00:00.000000 UTC"),  # as demo (1).ipynb
+    "twofiles": (GOOD, "2026-11-20 12:00:00.000000 UTC"),  # as a.ipynb and b.ipynb: not graded
+}
+PENALTY = """
+c.AssignLatePenalties.plugin_class = "mha_lab.instructor.term.PerDayPenalty"
+c.PerDayPenalty.per_day = 0.1
+"""
+
+
+def _submit(root: Path, release: nbformat.NotebookNode, student: str, answer: str, names=("demo.ipynb",)) -> Path:
+    nb = nbformat.from_dict(release)
+    next(c for c in nb.cells if c.get("id") == "ans_double").source = answer
+    folder = root / "submitted" / student / "demo"
+    folder.mkdir(parents=True)
+    for name in names:
+        nbformat.write(nb, folder / name)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def term_course(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """The course, graded by ``python -m mha_lab.grading demo``; returns (root, printed summary)."""
+    root = tmp_path_factory.mktemp("term_course")
+    (root / "hidden").mkdir()
+    (root / "hidden" / "test_demo.py").write_text(HIDDEN)
+    (root / "nbgrader_config.py").write_text((REPO / "nbgrader_config.py").read_text() + PENALTY)
+    (root / "solutions" / "demo").mkdir(parents=True)
+    nbformat.write(source_notebook(), root / "solutions" / "demo" / "demo.ipynb")
+    proc = courses.nbgrader(root, "db", "assignment", "add", "demo", "--duedate", DUE)
+    assert proc.returncode == 0, proc.stderr
+    release = courses.register(root, "demo")["demo.ipynb"]
+    names = {"renamed": ("demo (1).ipynb",), "twofiles": ("a.ipynb", "b.ipynb")}
+    for student, (answer, stamp) in CLASS.items():
+        folder = _submit(root, release, student, answer, names.get(student, ("demo.ipynb",)))
+        if stamp:
+            (folder / "timestamp.txt").write_text(stamp + "\n")
+    (root / "submitted" / "absent" / "other").mkdir(parents=True)  # never submitted demo
+    (root / term.EXTENSIONS).write_text("student,assignment,due\nextended,demo,2026-11-21 17:00:00 UTC\n")
+    out = io.StringIO()
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(out):
+        mp.setenv(HIDDEN_DIR_ENV, str(root / "hidden"))
+        assert cli.main(["demo", "--course", str(root), "--jobs", "2", "--timeout", "30"]) == 0
+    return root, out.getvalue()
+
+
+def _rows(path: Path, key: str) -> dict[str, dict[str, str]]:
+    with open(path, newline="") as f:
+        return {row[key]: row for row in csv.DictReader(f)}
+
+
+@pytest.mark.slow
+def test_scores_penalties_and_the_nbgrader_export_are_exact(term_course):
+    root, summary = term_course
+    export = root / "export.csv"
+    proc = courses.nbgrader(root, "export", "--to", str(export))
+    assert proc.returncode == 0, proc.stderr
+    columns = ("duedate", "timestamp", "raw_score", "late_submission_penalty", "score", "max_score")
+    got = {s: tuple(row[c] for c in columns) for s, row in _rows(export, "student_id").items()}
+    due = "2026-11-20 17:00:00"  # the registration kept the due date
+    assert got == {
+        "ontime": (due, "2026-11-20 16:00:00", "3.0", "0.0", "3.0", "3.0"),
+        "late": (due, "2026-11-21 19:00:00", "3.0", "0.6", "2.4", "3.0"),
+        "extended": (due, "2026-11-21 23:00:00", "3.0", "0.3", "2.7", "3.0"),
+        "notime": (due, "", "3.0", "0.0", "3.0", "3.0"),
+        "half": (due, "2026-11-20 12:00:00", "2.0", "0.0", "2.0", "3.0"),
+        "renamed": (due, "2026-11-20 12:00:00", "3.0", "0.0", "3.0", "3.0"),
+        "twofiles": (due, "2026-11-20 12:00:00", "0.0", "0.0", "0.0", "3.0"),
+    }, proc.stdout
+    rows = _rows(root / "grades_demo.csv", "student")
+    assert {s: (r["status"], r["hours_late"], r["penalty"], r["final_score"]) for s, r in rows.items()} == {
+        "absent": ("not submitted", "", "", ""), "ontime": ("graded", "0.00", "0", "3"),
+        "late": ("graded", "26.00", "0.6", "2.4"), "extended": ("graded", "6.00", "0.3", "2.7"),
+        "notime": ("graded", "0.00", "0", "3"), "half": ("graded", "0.00", "0", "2"),
+        "renamed": ("graded", "0.00", "0", "3"), "twofiles": ("not graded", "", "", ""),
+    }
+    assert rows["renamed"]["note"] == "graded demo (1).ipynb as demo.ipynb: hand in the notebook under its own name"
+    assert rows["twofiles"]["error"] == "missing notebook demo.ipynb (found: a.ipynb, b.ipynb)"
+    lines = {line.split()[0]: line for line in summary.splitlines() if line.strip()}
+    assert "late 26.0 h (-0.6)" in lines["late"] and "late 6.0 h (-0.3)" in lines["extended"]
+    assert lines["half"].split()[-1] == "double_int" and "[renamed notebook]" in lines["renamed"]
+    assert "NOT GRADED: missing notebook demo.ipynb (found: a.ipynb, b.ipynb)" in lines["twofiles"]
+    assert "7 submissions: 6 graded, 1 not graded, 2 late" in summary
+    assert max(len(line) for line in summary.split("\nwrote ")[0].splitlines()) <= 120, summary
+    feedback = (root / "feedback" / "renamed" / "demo" / "demo.html").read_text()
+    assert "graded demo (1).ipynb as demo.ipynb" in feedback
+
+
+@pytest.mark.slow
+def test_formgrader_reads_what_make_grade_wrote(term_course):
+    from nbgrader.apps import NbGraderAPI
+    from nbgrader.coursedir import CourseDirectory
+
+    root, _ = term_course
+    api = NbGraderAPI(CourseDirectory(root=str(root), course_id=courses.COURSE_ID))
+    submissions = {s["student"]: s for s in api.get_submissions("demo")}
+    assert not any(s["needs_manual_grade"] for s in submissions.values() if s["autograded"])
+    assert submissions["late"]["timestamp"] == "2026-11-21T19:00:00"
+    assert (submissions["ontime"]["last_name"], submissions["ontime"]["first_name"]) == ("ontime", "")
+    notebooks = {s["student"]: s for s in api.get_notebook_submissions("demo", "demo")}
+    assert notebooks["half"]["failed_tests"] and not notebooks["ontime"]["failed_tests"]
+
+
+@pytest.mark.slow
+def test_nbgrader_autograde_grades_in_the_sandbox(term_course, monkeypatch):
+    """A blank release plus an input transformer: stock nbgrader gives it every point, here it gets none."""
+    root, _ = term_course
+    release = nbformat.read(root / "autograded" / "ontime" / "demo" / "demo.ipynb", as_version=4)
+    outside = root / "written_outside_the_sandbox"
+    evil = ("get_ipython().input_transformers_post.append(lambda lines: ['pass\\n'])\n"
+            f"open({str(outside)!r}, 'w').close()\n"
+            "raise NotImplementedError('write your solution here')")
+    _submit(root, release, "evil", evil)
+    shutil.rmtree(root / "autograded" / "ontime")  # graded again through nbgrader autograde, below
+    monkeypatch.setenv(HIDDEN_DIR_ENV, str(root / "hidden"))
+    for student in ("evil", "ontime"):
+        proc = courses.nbgrader(root, "autograde", "demo", "--student", student, "--force")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    export = root / "export_autograde.csv"
+    assert courses.nbgrader(root, "export", "--to", str(export)).returncode == 0
+    rows = _rows(export, "student_id")
+    assert (rows["evil"]["score"], rows["ontime"]["score"], rows["ontime"]["timestamp"]) == \
+        ("0.0", "3.0", "2026-11-20 16:00:00")
+    assert not outside.exists(), "student code ran outside the sandbox"
+    assert (root / "autograded" / "evil" / "demo" / "demo.ipynb").is_file()
