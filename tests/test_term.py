@@ -19,6 +19,7 @@ import nbformat
 import pytest
 from test_grading_batch import HIDDEN, source_notebook
 
+from mha_lab.__main__ import main as cli_main
 from mha_lab.grading import __main__ as cli
 from mha_lab.grading import course as courses
 from mha_lab.grading.judge import HIDDEN_DIR_ENV
@@ -134,6 +135,39 @@ def test_formgrader_reads_what_make_grade_wrote(term_course):
     assert (submissions["ontime"]["last_name"], submissions["ontime"]["first_name"]) == ("ontime", "")
     notebooks = {s["student"]: s for s in api.get_notebook_submissions("demo", "demo")}
     assert notebooks["half"]["failed_tests"] and not notebooks["ontime"]["failed_tests"]
+
+
+CANVAS = """Student,ID,SIS User ID,SIS Login ID,Section,demo (1234),ps9 (77),Current Score
+    Points Possible,,,,,3,10,(read only)
+"Time, On",101,u101,ontime,S1,,7,50
+"Late, A.",102,u102,late,S1,1,8,60
+"Two, Files",103,u103,twofiles,S1,,9,70
+"Body, No",104,u104,nobody,S2,,,
+"""
+
+
+@pytest.mark.slow
+def test_the_canvas_export_round_trip(term_course, tmp_path, capsys):
+    root, _ = term_course
+    (tmp_path / "canvas.csv").write_text(CANVAS)
+    out, long = tmp_path / "import.csv", tmp_path / "long.csv"
+    assert cli_main(["export", "--course", str(root), "--canvas", str(tmp_path / "canvas.csv"), "--out", str(out),
+                     "--long", str(long)]) == 0
+    assert "graded but not on the Canvas roster (by SIS Login ID): extended, half, notime, renamed" in \
+        capsys.readouterr().out
+    sent = list(csv.reader(io.StringIO(CANVAS)))
+    back = list(csv.reader(open(out, newline="")))
+    assert back[:2] == sent[:2] and [r[:5] + r[6:] for r in back] == [r[:5] + r[6:] for r in sent]
+    assert {r[3]: r[5] for r in back[2:]} == {"ontime": "3", "late": "2.4", "twofiles": "", "nobody": ""}
+    rows = {(r["student"], r["assignment"]): r for r in csv.DictReader(open(long, newline=""))}
+    assert (rows["late", "demo"]["status"], rows["late", "demo"]["score"], rows["late", "demo"]["late_penalty"]) == \
+        ("graded", "2.4", "0.6")
+    assert (rows["twofiles", "demo"]["status"], rows["twofiles", "demo"]["score"]) == ("not graded", "")
+    with pytest.raises(SystemExit):
+        cli_main(["export", "--course", str(root), "--canvas", str(tmp_path / "canvas.csv")])  # no --out
+    assert cli_main(["export", "--course", str(root), "--canvas", str(tmp_path / "canvas.csv"), "--out",
+                     str(out), "--id-column", "Login"]) == 1
+    assert "no column 'Login'" in capsys.readouterr().err
 
 
 @pytest.mark.slow
