@@ -192,3 +192,28 @@ def test_nbgrader_autograde_grades_in_the_sandbox(term_course, monkeypatch):
         ("0.0", "3.0", "2026-11-20 16:00:00")
     assert not outside.exists(), "student code ran outside the sandbox"
     assert (root / "autograded" / "evil" / "demo" / "demo.ipynb").is_file()
+
+
+def test_penalty_policies_follow_nbgrader_config(tmp_path):
+    config = tmp_path / "nbgrader_config.py"
+    config.write_text("c = get_config()\nc.LateSubmissionPlugin.penalty_method = 'zero'\n")
+    assert term.late_plugin(tmp_path).late_submission_penalty("s", 7.5, 60) == 7.5  # nbgrader's own 'zero'
+    config.write_text("c = get_config()\n")
+    assert term.late_plugin(tmp_path).late_submission_penalty("s", 7.5, 60) is None  # 'none', the default
+    config.write_text("c = get_config()\n" + PENALTY + "c.PerDayPenalty.cap = 0.25\n")
+    plugin = term.late_plugin(tmp_path)
+    assert [plugin.late_submission_penalty("s", 10, h * 3600) for h in (1, 24, 25, 100)] == [1, 1, 2, 2.5]
+    config.write_text("c = get_config()\nc.AssignLatePenalties.plugin_class = 'mha_lab.instructor.term.Late'\n")
+    with pytest.raises(ValueError, match="is not an nbgrader plugin class"):
+        term.late_plugin(tmp_path)
+
+
+def test_extensions_csv_errors_name_the_line(tmp_path):
+    assert term.read_extensions(tmp_path) == {}
+    (tmp_path / term.EXTENSIONS).write_text("student,due\nalice,2026-11-21 17:00:00 UTC\n")
+    with pytest.raises(ValueError, match="missing assignment"):
+        term.read_extensions(tmp_path)
+    (tmp_path / term.EXTENSIONS).write_text("student,assignment,due\nalice,ps1,2026-11-21 17:00:00 UTC\n"
+                                            "bob,ps1,next tuesday\n")
+    with pytest.raises(ValueError, match="line 3: due 'next tuesday' is not a date"):
+        term.read_extensions(tmp_path)
