@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import html
 import io
+import re
 import shutil
 from pathlib import Path
 
@@ -29,6 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 DUE = "2026-11-20 17:00:00 UTC"
 GOOD = "def double(x):\n    return 2 * x"
 HALF = "def double(x):\n    return 2 * x if np.ndim(x) else 0"  # loses double_int only
+VISIBLE = "def double(x):\n    return 3 if np.ndim(x) == 0 and x == 1 else 2 * x"  # fails a visible assert only
 CLASS = {  # student -> (answer, timestamp.txt as nbgrader collect writes it, or None)
     "ontime": (GOOD, "2026-11-20 16:00:00.000000 UTC"),
     "late": (GOOD, "2026-11-21 19:00:00.000000 UTC"),  # 26 h late, 2 started days: -0.6
@@ -37,6 +40,8 @@ CLASS = {  # student -> (answer, timestamp.txt as nbgrader collect writes it, or
     "half": (HALF, "2026-11-20 12:00:00.000000 UTC"),
     "renamed": (GOOD, "2026-11-20 12:00:00.000000 UTC"),  # as demo (1).ipynb
     "twofiles": (GOOD, "2026-11-20 12:00:00.000000 UTC"),  # as a.ipynb and b.ipynb: not graded
+    "visible": (VISIBLE, "2026-11-20 12:00:00.000000 UTC"),
+    "raises": ("def double(x):\n    return x.reshape(5)", "2026-11-20 12:00:00.000000 UTC"),
 }
 PENALTY = """
 c.AssignLatePenalties.plugin_class = "mha_lab.instructor.term.PerDayPenalty"
@@ -102,6 +107,8 @@ def test_scores_penalties_and_the_nbgrader_export_are_exact(term_course):
         "half": (due, "2026-11-20 12:00:00", "2.0", "0.0", "2.0", "3.0"),
         "renamed": (due, "2026-11-20 12:00:00", "3.0", "0.0", "3.0", "3.0"),
         "twofiles": (due, "2026-11-20 12:00:00", "0.0", "0.0", "0.0", "3.0"),
+        "visible": (due, "2026-11-20 12:00:00", "3.0", "0.0", "3.0", "3.0"),
+        "raises": (due, "2026-11-20 12:00:00", "0.0", "0.0", "0.0", "3.0"),
     }, proc.stdout
     rows = _rows(root / "grades_demo.csv", "student")
     assert {s: (r["status"], r["hours_late"], r["penalty"], r["final_score"]) for s, r in rows.items()} == {
@@ -109,6 +116,7 @@ def test_scores_penalties_and_the_nbgrader_export_are_exact(term_course):
         "late": ("graded", "26.00", "0.6", "2.4"), "extended": ("graded", "6.00", "0.3", "2.7"),
         "notime": ("graded", "0.00", "0", "3"), "half": ("graded", "0.00", "0", "2"),
         "renamed": ("graded", "0.00", "0", "3"), "twofiles": ("not graded", "", "", ""),
+        "visible": ("graded", "0.00", "0", "3"), "raises": ("graded", "0.00", "0", "0"),
     }
     assert rows["renamed"]["note"] == "graded demo (1).ipynb as demo.ipynb: hand in the notebook under its own name"
     assert rows["twofiles"]["error"] == "missing notebook demo.ipynb (found: a.ipynb, b.ipynb)"
@@ -116,10 +124,22 @@ def test_scores_penalties_and_the_nbgrader_export_are_exact(term_course):
     assert "late 26.0 h (-0.6)" in lines["late"] and "late 6.0 h (-0.3)" in lines["extended"]
     assert lines["half"].split()[-1] == "double_int" and "[renamed notebook]" in lines["renamed"]
     assert "NOT GRADED: missing notebook demo.ipynb (found: a.ipynb, b.ipynb)" in lines["twofiles"]
-    assert "7 submissions: 6 graded, 1 not graded, 2 late" in summary
+    assert "9 submissions: 8 graded, 1 not graded, 2 late" in summary and lines["raises"].split()[-1] == "all"
     assert max(len(line) for line in summary.split("\nwrote ")[0].splitlines()) <= 120, summary
-    feedback = (root / "feedback" / "renamed" / "demo" / "demo.html").read_text()
-    assert "graded demo (1).ipynb as demo.ipynb" in feedback
+
+
+@pytest.mark.slow
+def test_the_feedback_reads(term_course):
+    root, _ = term_course
+    page = {s: (root / "feedback" / s / "demo" / "demo.html").read_text() for s in ("renamed", "visible", "raises",
+                                                                                     "late")}
+    assert "graded demo (1).ipynb as demo.ipynb" in page["renamed"]
+    assert "white-space: pre-wrap" in page["raises"] and "Test cell" not in page["raises"]
+    assert re.search(r"<code>double_values</code></a>\s*\(tests, Score: 0.0 / 2.0 points\)", page["raises"])
+    assert "Late submission penalty (Score: -0.6)" in page["late"]
+    assert "raised ValueError: cannot reshape array of size 12 into shape (5,) (called with array (3, 4) float64)" \
+        in html.unescape(page["raises"])
+    assert page["visible"].count("Not counted: a visible assert") == 1 and "Not counted" not in page["raises"]
 
 
 @pytest.mark.slow
@@ -153,7 +173,7 @@ def test_the_canvas_export_round_trip(term_course, tmp_path, capsys):
     out, long = tmp_path / "import.csv", tmp_path / "long.csv"
     assert cli_main(["export", "--course", str(root), "--canvas", str(tmp_path / "canvas.csv"), "--out", str(out),
                      "--long", str(long)]) == 0
-    assert "graded but not on the Canvas roster (by SIS Login ID): extended, half, notime, renamed" in \
+    assert "not on the Canvas roster (by SIS Login ID): extended, half, notime, raises, renamed, visible" in \
         capsys.readouterr().out
     sent = list(csv.reader(io.StringIO(CANVAS)))
     back = list(csv.reader(open(out, newline="")))
@@ -179,19 +199,18 @@ def test_nbgrader_autograde_grades_in_the_sandbox(term_course, monkeypatch):
     evil = ("get_ipython().input_transformers_post.append(lambda lines: ['pass\\n'])\n"
             f"open({str(outside)!r}, 'w').close()\n"
             "raise NotImplementedError('write your solution here')")
-    _submit(root, release, "evil", evil)
+    _submit(root, release, "ontime_hostile", evil)
     shutil.rmtree(root / "autograded" / "ontime")  # graded again through nbgrader autograde, below
     monkeypatch.setenv(HIDDEN_DIR_ENV, str(root / "hidden"))
-    for student in ("evil", "ontime"):
-        proc = courses.nbgrader(root, "autograde", "demo", "--student", student, "--force")
-        assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = courses.nbgrader(root, "autograde", "demo", "--student", "ontime*", "--force")  # the two of them
+    assert proc.returncode == 0, proc.stderr[-3000:]
     export = root / "export_autograde.csv"
     assert courses.nbgrader(root, "export", "--to", str(export)).returncode == 0
     rows = _rows(export, "student_id")
-    assert (rows["evil"]["score"], rows["ontime"]["score"], rows["ontime"]["timestamp"]) == \
+    assert (rows["ontime_hostile"]["score"], rows["ontime"]["score"], rows["ontime"]["timestamp"]) == \
         ("0.0", "3.0", "2026-11-20 16:00:00")
     assert not outside.exists(), "student code ran outside the sandbox"
-    assert (root / "autograded" / "evil" / "demo" / "demo.ipynb").is_file()
+    assert (root / "autograded" / "ontime_hostile" / "demo" / "demo.ipynb").is_file()
 
 
 def test_penalty_policies_follow_nbgrader_config(tmp_path):

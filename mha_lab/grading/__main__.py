@@ -52,11 +52,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     limits = sandbox.Limits(memory=args.memory, seconds=args.timeout, unsafe=args.unsafe_no_sandbox)
     with batch.dask_client(args.jobs, args.scheduler) as client:
         for a in todo:
-            results = batch.grade_class(root, a, students=args.student, client=client, limits=limits)
-            late = term.apply(root, a, [r.student for r in results])
-            penalised = [s for s, when in late.items() if when.penalty > 0]
-            problem = course.feedback(root, a, penalised)  # again, now with the penalty in the gradebook
-            print(report.summary_table(results, late=late, unsafe=limits.unsafe) + (f"\n{problem}" if problem else ""))
+            late: dict[str, term.Late] = {}  # filled between the gradebook and the feedback
+            results = batch.grade_class(root, a, students=args.student, client=client, limits=limits,
+                                        before_feedback=lambda who, a=a, late=late:
+                                        late.update(term.apply(root, a, who)))
+            print(report.summary_table(results, late=late, unsafe=limits.unsafe))
             out = root / f"grades_{a}.csv"
             report.write_csv(results, out, everyone=course.students(root), late=late)
             print(f"\nwrote {out}; gradebook {root / 'gradebook.db'}, feedback in {root / 'feedback'}\n")

@@ -9,7 +9,7 @@ once more. The gradebook, autograded notebooks and feedback are written here, af
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import closing, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -125,10 +125,12 @@ def dask_client(jobs: int = 2, scheduler: str | None = None) -> Iterator[Any]:
 
 def grade_class(course: Path, assignment: str, *, students: Iterable[str] | None = None, client: Any = None,
                 jobs: int = 2, scheduler: str | None = None, limits: Limits = DEFAULT_LIMITS,
-                progress: bool = True) -> list[StudentResult]:
+                progress: bool = True,
+                before_feedback: Callable[[list[str]], Any] | None = None) -> list[StudentResult]:
     """Grade every submission of ``assignment`` (or only ``students``), record grades and feedback.
 
-    Runs on ``client``, else on ``dask_client(jobs, scheduler)``.
+    Runs on ``client``, else on ``dask_client(jobs, scheduler)``. ``before_feedback`` is called with the
+    recorded students between the gradebook and the feedback (the term's late penalties go into both).
     """
     from distributed import as_completed
 
@@ -152,6 +154,8 @@ def grade_class(course: Path, assignment: str, *, students: Iterable[str] | None
         if r.notebooks or r.cells:
             courses.record(course, assignment, s, {(c.notebook, c.grade_id): c.score for c in r.cells},
                            {n: nbformat.from_dict(nb) for n, nb in r.notebooks.items()})
+    if before_feedback is not None:
+        before_feedback([s for s in names if results[s].notebooks or results[s].cells])
     problem = courses.feedback(course, assignment, [s for s in names if results[s].notebooks])
     for s in names:
         results[s].error = results[s].error or problem

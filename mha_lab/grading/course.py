@@ -8,6 +8,7 @@ Only the grader writes here, after the submission's sandbox is gone.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -146,10 +147,18 @@ def record(course: Path, assignment: str, student: str, scores: dict[tuple[str, 
         nbformat.write(nb, folder / name)
 
 
+FEEDBACK_TEMPLATES = Path(__file__).with_name("templates")  # mha_feedback: nbgrader's, made for reading
+
+
 def feedback(course: Path, assignment: str, who: list[str]) -> str:
-    """``nbgrader generate_feedback`` for these students; '' or what went wrong."""
+    """``nbgrader generate_feedback`` for these students, with the ``mha_feedback`` template; '' or what went
+    wrong."""
     if not who:
         return ""
+    nbgrader_dir = Path(importlib.util.find_spec("nbgrader").origin).parent
+    bases = [str(FEEDBACK_TEMPLATES), str(nbgrader_dir / "server_extensions" / "formgrader" / "templates")]
     proc = nbgrader(Path(course), "generate_feedback", assignment, "--force",
+                    "--HTMLExporter.template_name=mha_feedback", "--HTMLExporter.template_file=feedback.html.j2",
+                    *(f"--HTMLExporter.extra_template_basedirs={b}" for b in bases),
                     f"--CourseDirectory.student_id_exclude={','.join(s for s in students(course) if s not in who)}")
     return "" if proc.returncode == 0 else f"generate_feedback failed: {proc.stderr.strip()[-300:]}"

@@ -42,9 +42,39 @@ def load(path: Path) -> ModuleType:
     return module
 
 
+def _describe(value: Any) -> str:
+    """An input as the feedback shows it: an array by shape and dtype, a short value by its repr."""
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        return f"array {tuple(value.shape)} {value.dtype}"
+    text = repr(value)
+    return text if len(text) <= 40 else type(value).__name__
+
+
+class _ShowingInputs(dict):
+    """A remote student whose failing calls say what they were given: when the student's function raises,
+    the message adds the shapes of its inputs (the sandbox only sees the call, the judge its arguments)."""
+
+    def __init__(self, student: Mapping[str, Any]) -> None:
+        super().__init__(student)
+        self._student = student
+
+    def __getattr__(self, name: str) -> Any:  # cells, allowed, ...: the remote student's own
+        return getattr(self._student, name)
+
+    def remote_call(self, name: str, args: tuple, kwargs: dict, **options: Any) -> Any:
+        try:
+            return self._student.remote_call(name, args, kwargs, **options)
+        except AssertionError as exc:
+            if f"`{name}` raised " not in str(exc):
+                raise
+            given = [_describe(a) for a in args] + [f"{k}={_describe(v)}" for k, v in kwargs.items()]
+            raise AssertionError(f"{exc} (called with {', '.join(given) or 'no arguments'})") from None
+
+
 def judge_cell(module: ModuleType, name: str, student: Mapping[str, Any]) -> str:
     """Call every check of the tests cell ``name`` (``test_<name>`` and ``test_<name>__<case>``): '' when all
     pass, else a message for the feedback that names each failing check and the likely bug."""
+    student = _ShowingInputs(student) if hasattr(student, "remote_call") else student
     tests = [(k, v) for k, v in vars(module).items() if callable(v) and k.partition("__")[0] == f"test_{name}"]
     failures = [] if tests else [f"- no hidden checks for tests cell {name!r}: no points can be given"]
     for check, fn in tests:

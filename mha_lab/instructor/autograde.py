@@ -11,6 +11,7 @@ nbgrader's own sanitising steps (clear outputs, restore locked cells) still run 
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from nbconvert.exporters.exporter import ResourcesDict
@@ -24,9 +25,14 @@ from mha_lab.instructor import term
 __all__ = ["SandboxedAutograde", "grade_one"]
 
 
+@functools.cache
+def _releases(course: Path, assignment: str) -> dict:
+    return courses.register(course, assignment)  # once per process: `nbgrader autograde` may grade a class
+
+
 def grade_one(course: Path, assignment: str, student: str) -> batch.StudentResult:
     """Grade one submission in the sandbox and record it (scores, autograded notebook, lateness)."""
-    releases = courses.register(course, assignment)
+    releases = _releases(course, assignment)
     result = batch.grade_submission(course / "submitted" / student / assignment, releases,
                                     judge.hidden_module(assignment, course), student=student)
     if result.notebooks:
