@@ -38,9 +38,7 @@ c.Execute.interrupt_on_timeout = True
 
 # `nbgrader autograde` and formgrader's Autograde button grade in the sandbox, as `make grade` does
 # (stock nbgrader would run student code here, as you); nbgrader's sanitising steps run first.
-from mha_lab.instructor.autograde import SandboxedAutograde  # noqa: E402
-
-c.Autograde.autograde_preprocessors = [SandboxedAutograde]
+c.Autograde.autograde_preprocessors = ["mha_lab.instructor.autograde.SandboxedAutograde"]
 
 # Late work: submission times from timestamp.txt, due dates from the gradebook, extensions.csv.
 # nbgrader's policies: c.LateSubmissionPlugin.penalty_method = "none" (default) or "zero"; or a

@@ -19,7 +19,10 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from nbgrader.apps import NbGraderAPI
+from nbgrader.coursedir import CourseDirectory
 from test_grading_batch import HIDDEN, source_notebook
+from traitlets.config.loader import PyFileConfigLoader
 
 from mha_lab.__main__ import main as cli_main
 from mha_lab.grading import __main__ as cli
@@ -85,6 +88,12 @@ def term_course(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     return root, out.getvalue()
 
 
+def _formgrader(root: Path) -> NbGraderAPI:
+    """The API formgrader serves, configured as formgrader started in the course root is (nbgrader_config.py)."""
+    config = PyFileConfigLoader("nbgrader_config.py", path=str(root)).load_config()
+    return NbGraderAPI(CourseDirectory(root=str(root), config=config), config=config)
+
+
 def _rows(path: Path, key: str) -> dict[str, dict[str, str]]:
     with open(path, newline="") as f:
         return {row[key]: row for row in csv.DictReader(f)}
@@ -144,11 +153,8 @@ def test_the_feedback_reads(term_course):
 
 @pytest.mark.slow
 def test_formgrader_reads_what_make_grade_wrote(term_course):
-    from nbgrader.apps import NbGraderAPI
-    from nbgrader.coursedir import CourseDirectory
-
     root, _ = term_course
-    api = NbGraderAPI(CourseDirectory(root=str(root), course_id=courses.COURSE_ID))
+    api = _formgrader(root)
     submissions = {s["student"]: s for s in api.get_submissions("demo")}
     assert not any(s["needs_manual_grade"] for s in submissions.values() if s["autograded"])
     assert submissions["late"]["timestamp"] == "2026-11-21T19:00:00"
@@ -192,7 +198,8 @@ def test_the_canvas_export_round_trip(term_course, tmp_path, capsys):
 
 @pytest.mark.slow
 def test_nbgrader_autograde_grades_in_the_sandbox(term_course, monkeypatch):
-    """A blank release plus an input transformer: stock nbgrader gives it every point, here it gets none."""
+    """A blank release plus an input transformer: stock nbgrader gives it every point, here it gets none, from
+    the command line and from formgrader's button; an honest submission graded the same way gets its points."""
     root, _ = term_course
     release = nbformat.read(root / "autograded" / "ontime" / "demo" / "demo.ipynb", as_version=4)
     outside = root / "written_outside_the_sandbox"
@@ -209,8 +216,11 @@ def test_nbgrader_autograde_grades_in_the_sandbox(term_course, monkeypatch):
     rows = _rows(export, "student_id")
     assert (rows["ontime_hostile"]["score"], rows["ontime"]["score"], rows["ontime"]["timestamp"]) == \
         ("0.0", "3.0", "2026-11-20 16:00:00")
-    assert not outside.exists(), "student code ran outside the sandbox"
     assert (root / "autograded" / "ontime_hostile" / "demo" / "demo.ipynb").is_file()
+    api = _formgrader(root)  # its Autograde button calls this
+    assert api.autograde("demo", "ontime_hostile")["success"]
+    assert {s["student"]: s["score"] for s in api.get_submissions("demo")}["ontime_hostile"] == 0
+    assert not outside.exists(), "student code ran outside the sandbox"
 
 
 def test_penalty_policies_follow_nbgrader_config(tmp_path):
