@@ -189,6 +189,7 @@ def test_the_canvas_export_round_trip(term_course, tmp_path, capsys):
     assert (rows["late", "demo"]["status"], rows["late", "demo"]["score"], rows["late", "demo"]["late_penalty"]) == \
         ("graded", "2.4", "0.6")
     assert (rows["twofiles", "demo"]["status"], rows["twofiles", "demo"]["score"]) == ("not graded", "")
+    assert (rows["absent", "demo"]["status"], rows["absent", "demo"]["score"]) == ("not submitted", "")
     with pytest.raises(SystemExit):
         cli_main(["export", "--course", str(root), "--canvas", str(tmp_path / "canvas.csv")])  # no --out
     assert cli_main(["export", "--course", str(root), "--canvas", str(tmp_path / "canvas.csv"), "--out",

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from mha_lab.grading import course as courses
 from mha_lab.grading.course import COURSE_ID
 
 __all__ = ["Grade", "read_grades", "canvas", "write_long", "main"]
@@ -58,7 +59,8 @@ def _not_graded(course: Path, assignment: str) -> set[str]:
 
 
 def read_grades(course: Path) -> dict[tuple[str, str], Grade]:
-    """(student, assignment) -> Grade, for every student and assignment of the course's gradebook."""
+    """(student, assignment) -> Grade, for every assignment of the course's gradebook and every student of the
+    gradebook or of ``submitted/``."""
     from nbgrader.api import Gradebook, MissingEntry
 
     db = Path(course) / "gradebook.db"
@@ -67,16 +69,17 @@ def read_grades(course: Path) -> dict[tuple[str, str], Grade]:
     grades = {}
     with Gradebook(f"sqlite:///{db}", course_id=COURSE_ID) as gb, warnings.catch_warnings():
         warnings.simplefilter("ignore")  # SQLAlchemy's about nbgrader's own session handling
+        everyone = sorted({s.id for s in gb.students} | set(courses.students(course)))
         for assignment in gb.assignments:
             skipped = _not_graded(course, assignment.name)
-            for student in gb.students:
-                key = (student.id, assignment.name)
+            for student in everyone:
+                key = (student, assignment.name)
                 try:
-                    sub = gb.find_submission(assignment.name, student.id)
+                    sub = gb.find_submission(assignment.name, student)
                 except MissingEntry:
                     grades[key] = Grade(*key, "not submitted", max_score=assignment.max_score)
                     continue
-                if student.id in skipped:
+                if student in skipped:
                     grades[key] = Grade(*key, "not graded", max_score=assignment.max_score)
                     continue
                 penalty = sub.late_submission_penalty or 0.0
