@@ -13,8 +13,10 @@ import contextlib
 import csv
 import html
 import io
+import os
 import re
 import shutil
+from datetime import datetime
 from pathlib import Path
 
 import nbformat
@@ -247,3 +249,20 @@ def test_extensions_csv_errors_name_the_line(tmp_path):
                                             "bob,ps1,next tuesday\n")
     with pytest.raises(ValueError, match="line 3: due 'next tuesday' is not a date"):
         term.read_extensions(tmp_path)
+
+
+def test_timestamp_txt_is_read_as_nbgrader_writes_it_and_never_followed(tmp_path):
+    stamp = tmp_path / "timestamp.txt"
+    assert term.read_timestamp(tmp_path) is None
+    stamp.write_text("2026-11-23 17:02:11.123456 UTC\n")
+    assert term.read_timestamp(tmp_path) == datetime(2026, 11, 23, 17, 2, 11, 123456)
+    stamp.write_text("")
+    assert term.read_timestamp(tmp_path) is None
+    for make, reason in [(lambda: stamp.write_text("9" * 500), "longer than"),
+                         (lambda: stamp.write_text("yesterday-ish"), "is not a time"),
+                         (lambda: stamp.symlink_to("/etc/hostname"), "cannot be read"),
+                         (lambda: os.mkfifo(stamp), "not a plain file")]:  # a FIFO would block a plain read
+        stamp.unlink(missing_ok=True)
+        make()
+        with pytest.raises(ValueError, match=reason):
+            term.read_timestamp(tmp_path)

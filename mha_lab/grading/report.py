@@ -29,6 +29,7 @@ class Lateness(Protocol):
 
     timestamp: datetime | None
     penalty: float
+    problem: str  # why a submission has no time although it had a file for it
 
     @property
     def hours_late(self) -> float: ...
@@ -99,7 +100,8 @@ def write_csv(results: Sequence[StudentResult], path: Path, everyone: Iterable[s
         rows[r.student] = {"student": r.student, "status": _status(r), "score": r.score, "max_score": r.max_score,
                            "timestamp": when.timestamp.isoformat(sep=" ") if when and when.timestamp else "",
                            "hours_late": f"{when.hours_late:.2f}" if when else "", **graded, "error": r.error,
-                           "note": r.note, "failed": _failures(r),
+                           "note": "; ".join(filter(None, [r.note, when.problem if when else ""])),
+                           "failed": _failures(r),
                            **{f"{k}_s": f"{v:.2f}" for k, v in r.timings.items()}}
     with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, FIELDS, extrasaction="ignore")

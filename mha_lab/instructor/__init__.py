@@ -1,6 +1,9 @@
-"""The instructor's tools around grading: the students' download, a generated class, the grading benchmark.
+"""The instructor's tools around grading: a term's late work, nbgrader's commands, the LMS, the students' download.
 
-``student_pack`` (the zip students get), ``classroom`` (a class of submissions that know their scores,
-for tests and benchmarks), ``grade_bench`` (grade such a class and time it). Nothing here is course
-mathematics: students never import it, and the student pack leaves it out.
+``term`` (submission times, due dates, extensions and late penalties, the nbgrader way), ``autograde``
+(``nbgrader autograde`` and formgrader's button, routed through the sandbox), ``lms`` (grades into
+Canvas or any LMS: ``python -m mha_lab export``), ``student_pack`` (the zip students get), ``classroom``
+(a class of submissions that know their scores, for tests and benchmarks), ``grade_bench`` (grade such
+a class and time it). Nothing here is course mathematics: students never import it, and the student
+pack leaves it out.
 """

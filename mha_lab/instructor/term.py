@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import csv
 import math
+import os
+import stat
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -33,6 +35,7 @@ __all__ = ["EXTENSIONS", "Late", "PerDayPenalty", "read_timestamp", "read_extens
 
 EXTENSIONS = "extensions.csv"
 DAY = 86400.0
+TIMESTAMP_BYTES = 100
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,7 @@ class Late:
     seconds_late: float = 0.0
     penalty: float = 0.0
     extended: bool = False
+    problem: str = ""  # why the submission has no time although a file was there
 
     @property
     def hours_late(self) -> float:
@@ -51,6 +55,8 @@ class Late:
 
     def describe(self) -> str:
         """'' when on time; else e.g. 'late 26.5 h (-2)'; 'no timestamp' when a due date exists but no time."""
+        if self.problem:
+            return f"no time: {self.problem}"
         if self.seconds_late > 0:
             return f"late {self.hours_late:.1f} h (-{self.penalty:g})"
         return "no timestamp" if self.timestamp is None and self.due is not None else ""
@@ -74,17 +80,31 @@ class PerDayPenalty(LateSubmissionPlugin):
 
 
 def read_timestamp(folder: Path) -> datetime | None:
-    """The UTC time in ``folder/timestamp.txt`` (naive, as the gradebook keeps it); None when absent or empty."""
+    """The UTC time in ``folder/timestamp.txt`` (naive, as the gradebook keeps it); None when absent or empty.
+
+    The file comes with the submission: ValueError when it is a link, not a plain file, too long or no time.
+    """
     from nbgrader.utils import parse_utc
 
     path = Path(folder) / "timestamp.txt"
-    text = path.read_text().strip() if path.is_file() else ""
+    if not os.path.lexists(path):
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        raise ValueError(f"timestamp.txt cannot be read ({exc.strerror}: a link?)") from None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError("timestamp.txt is not a plain file")
+        text = f.read(TIMESTAMP_BYTES + 1).decode("utf-8", "replace").strip()
+    if len(text) > TIMESTAMP_BYTES:
+        raise ValueError(f"timestamp.txt is longer than {TIMESTAMP_BYTES} bytes")
     if not text:
         return None
     try:
         return parse_utc(text)
-    except (ValueError, OverflowError) as exc:
-        raise ValueError(f"{path}: {text[:60]!r} is not a time as nbgrader collect writes it ({exc})") from None
+    except (ValueError, OverflowError):
+        raise ValueError(f"timestamp.txt: {text[:60]!r} is not a time as nbgrader collect writes it") from None
 
 
 def read_extensions(course: Path) -> dict[tuple[str, str], datetime]:
@@ -140,7 +160,10 @@ def apply(course: Path, assignment: str, students: Iterable[str]) -> dict[str, L
                 continue
             if submission.student.first_name is None and submission.student.last_name is None:
                 submission.student.last_name, submission.student.first_name = student, ""
-            submission.timestamp = read_timestamp(course / "submitted" / student / assignment)
+            try:
+                submission.timestamp, problem = read_timestamp(course / "submitted" / student / assignment), ""
+            except ValueError as exc:  # graded, with no time: the summary and the CSV say why
+                submission.timestamp, problem = None, str(exc)
             extended = extensions.get((student, assignment))
             if extended is not None and due is None:
                 raise ValueError(f"{EXTENSIONS} extends {assignment} for {student}, but {assignment} has no due "
@@ -154,6 +177,7 @@ def apply(course: Path, assignment: str, students: Iterable[str]) -> dict[str, L
                     cost = plugin.late_submission_penalty(student, notebook.score, late)
                     notebook.late_submission_penalty = None if cost is None else min(max(cost, 0.0), notebook.score)
                 penalty += notebook.late_submission_penalty or 0.0
-            found[student] = Late(submission.timestamp, submission.duedate, late, penalty, extended is not None)
+            found[student] = Late(submission.timestamp, submission.duedate, late, penalty, extended is not None,
+                                  problem)
         gb.db.commit()
     return found
