@@ -51,7 +51,9 @@ student-pack: $(STAMP)
 	$(BIN)/python -m mha_lab student-pack
 
 # Grade submitted/ (A=<assignment>, or every assignment with submissions), each submission in a
-# sandbox; writes gradebook.db, feedback/ and grades_<assignment>.csv. E.g. GRADE_ARGS="--jobs 4".
+# sandbox; writes gradebook.db (with timestamps and late penalties: timestamp.txt, the due date,
+# extensions.csv, nbgrader_config.py), feedback/ and grades_<assignment>.csv. E.g. GRADE_ARGS="--jobs 4".
+# Grades into Canvas or another LMS: python -m mha_lab export --canvas <export>.csv --out <file>.
 grade: $(STAMP)
 	$(BIN)/python -m mha_lab.grading $(A) --course . --jobs 2 $(GRADE_ARGS)
 

@@ -35,3 +35,14 @@ c.ClearSolutions.code_stub = {"python": 'raise NotImplementedError("write your s
 c.OverwriteCells.add_missing_cells = True
 c.Execute.timeout = 60  # seconds per cell; the solutions need well under a second per cell
 c.Execute.interrupt_on_timeout = True
+
+# `nbgrader autograde` and formgrader's Autograde button grade in the sandbox, as `make grade` does
+# (stock nbgrader would run student code here, as you); nbgrader's sanitising steps run first.
+c.Autograde.autograde_preprocessors = ["mha_lab.instructor.autograde.SandboxedAutograde"]
+
+# Late work: submission times from timestamp.txt, due dates from the gradebook, extensions.csv.
+# nbgrader's policies: c.LateSubmissionPlugin.penalty_method = "none" (default) or "zero"; or a
+# fraction per started day late, with a cap:
+# c.AssignLatePenalties.plugin_class = "mha_lab.instructor.term.PerDayPenalty"
+# c.PerDayPenalty.per_day = 0.1
+# c.PerDayPenalty.cap = 0.5

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from mha_lab import grade_bench
 from mha_lab.__main__ import main as cli_main
-from mha_lab.classroom import Student
+from mha_lab.instructor import grade_bench
+from mha_lab.instructor.classroom import Student
 
 CLASS = {"h": Student("h", "honest", 20.0), "b": Student("b", "buggy", 18.0),
          "x": Student("x", "hostile", 0.0, at_most=True)}

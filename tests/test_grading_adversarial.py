@@ -28,8 +28,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from mha_lab import classroom
-from mha_lab.classroom import REPO, Attack, Student, Target
+from mha_lab.instructor import classroom
+from mha_lab.instructor.classroom import REPO, Attack, Student, Target
 
 ATTACKS = classroom.attacks()
 ASSIGNMENTS = sorted({a.assignment for a in ATTACKS})

@@ -18,8 +18,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from mha_lab.classroom import answer_cell, fill_release, mutants, submit
 from mha_lab.grading import batch, report
+from mha_lab.instructor.classroom import answer_cell, fill_release, mutants, submit
 
 REPO = Path(__file__).resolve().parents[1]
 ASSIGNMENTS = sorted(p.name for p in (REPO / "solutions").iterdir() if (p / f"{p.name}.ipynb").is_file())

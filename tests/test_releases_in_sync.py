@@ -13,8 +13,8 @@ import nbformat
 import numpy as np
 import pytest
 
-from mha_lab import release_values
 from mha_lab.grading import course as courses
+from mha_lab.instructor import release_values
 
 REPO = Path(__file__).resolve().parents[1]
 ASSIGNMENTS = sorted(p.name for p in (REPO / "solutions").iterdir() if (p / f"{p.name}.ipynb").is_file())

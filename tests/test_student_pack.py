@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mha_lab import student_pack
+from mha_lab.instructor import student_pack
 
 REPO = Path(__file__).resolve().parents[1]
 

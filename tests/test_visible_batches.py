@@ -15,7 +15,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from mha_lab.classroom import answer_cell, fill_release, mutants
+from mha_lab.instructor.classroom import answer_cell, fill_release, mutants
 
 REPO = Path(__file__).resolve().parents[1]
 ASSIGNMENTS = sorted(p.name for p in (REPO / "solutions").iterdir() if (p / f"{p.name}.ipynb").is_file())

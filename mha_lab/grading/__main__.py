@@ -1,7 +1,8 @@
 """``python -m mha_lab.grading [assignment] --course DIR --jobs N ...`` (``make grade A=...``).
 
 Grades every submission of the assignment (of every assignment with submissions when none is
-named), each in its own sandbox, and writes the gradebook, feedback and ``grades_<a>.csv``.
+named), each in its own sandbox, and writes the gradebook, feedback and ``grades_<a>.csv``; then
+records submission times, extensions and late penalties (``mha_lab.instructor.term``).
 Exit status 0 when grading ran (whatever the students scored); 1 when it could not.
 """
 
@@ -13,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from mha_lab.grading import batch, course, report, sandbox
+from mha_lab.instructor import term
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -42,13 +44,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             sandbox.check()
         except sandbox.SandboxError as exc:
             parser.exit(1, f"cannot grade: {exc}\n")
+    try:
+        term.read_extensions(root)
+        term.late_plugin(root)
+    except (ValueError, ImportError) as exc:
+        parser.error(str(exc))
     limits = sandbox.Limits(memory=args.memory, seconds=args.timeout, unsafe=args.unsafe_no_sandbox)
     with batch.dask_client(args.jobs, args.scheduler) as client:
         for a in todo:
-            results = batch.grade_class(root, a, students=args.student, client=client, limits=limits)
-            print(report.summary_table(results, unsafe=limits.unsafe))
+            late: dict[str, term.Late] = {}  # filled between the gradebook and the feedback
+            results = batch.grade_class(root, a, students=args.student, client=client, limits=limits,
+                                        before_feedback=lambda who, a=a, late=late:
+                                        late.update(term.apply(root, a, who)))
+            print(report.summary_table(results, late=late, unsafe=limits.unsafe))
             out = root / f"grades_{a}.csv"
-            report.write_csv(results, out, everyone=course.students(root))
+            report.write_csv(results, out, everyone=course.students(root), late=late)
             print(f"\nwrote {out}; gradebook {root / 'gradebook.db'}, feedback in {root / 'feedback'}\n")
     return 0
 

@@ -6,7 +6,7 @@ dies is tried once more). The gradebook, autograded notebooks and feedback are w
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import closing, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +46,7 @@ class StudentResult:
     max_score: float = 0.0
     cells: list[CellResult] = field(default_factory=list)
     error: str = ""
+    note: str = ""  # graded, with a remark: a notebook under another name
     timings: dict[str, float] = field(default_factory=dict)  # seconds: queue, run, judge
     notebooks: dict[str, dict] = field(default_factory=dict)  # name -> the executed notebook, for feedback
 
@@ -61,13 +62,17 @@ def grade_submission(folder: Path, releases: dict[str, dict], hidden: Path, limi
                     if c.cell_type == "code" and c.metadata.get("nbgrader", {}).get("grade")]
     result.max_score = sum(c.max_score for c in result.cells)
     try:
-        submitted = {n: courses.submitted_notebook(folder, n) for n in releases}
+        files = {n: courses.locate(folder, n, alone=len(releases) == 1) for n in releases}
+        submitted = {n: courses.submitted_notebook(folder, f) for n, (f, _) in files.items()}
     except ValueError as exc:
         result.error = str(exc)
         return result
+    result.note = "; ".join(note for _, note in files.values() if note)
     module = judge.load(hidden)
     for name, release in releases.items():
         nb = courses.merge(nbformat.from_dict(release), submitted[name])
+        if files[name][1]:
+            nb.cells.insert(0, nbformat.v4.new_markdown_cell(f"**Note:** {files[name][1]}."))
         code = [c for c in nb.cells if c.cell_type == "code"]
         t0 = time.time()
         with closing(RemoteSubmission(Path(folder), limits)) as sandboxed:
@@ -126,10 +131,12 @@ def dask_client(jobs: int = 2, scheduler: str | None = None) -> Iterator[Any]:
 
 def grade_class(course: Path, assignment: str, *, students: Iterable[str] | None = None, client: Any = None,
                 jobs: int = 2, scheduler: str | None = None, limits: Limits = DEFAULT_LIMITS,
-                progress: bool = True) -> list[StudentResult]:
+                progress: bool = True,
+                before_feedback: Callable[[list[str]], Any] | None = None) -> list[StudentResult]:
     """Grade every submission of ``assignment`` (or only ``students``), record grades and feedback.
 
-    Runs on ``client``, else on ``dask_client(jobs, scheduler)``.
+    Runs on ``client``, else on ``dask_client(jobs, scheduler)``. ``before_feedback`` is called with the
+    recorded students between the gradebook and the feedback (the term's late penalties go into both).
     """
     from distributed import as_completed
 
@@ -153,6 +160,8 @@ def grade_class(course: Path, assignment: str, *, students: Iterable[str] | None
         if r.notebooks or r.cells:
             courses.record(course, assignment, s, {(c.notebook, c.grade_id): c.score for c in r.cells},
                            {n: nbformat.from_dict(nb) for n, nb in r.notebooks.items()})
+    if before_feedback is not None:
+        before_feedback([s for s in names if results[s].notebooks or results[s].cells])
     problem = courses.feedback(course, assignment, [s for s in names if results[s].notebooks])
     for s in names:
         results[s].error = results[s].error or problem

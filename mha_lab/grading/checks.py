@@ -42,8 +42,19 @@ def call_replacing(student: Any, replace: Mapping[str, str], name: str,
 
 def invoke(student: Any, name: str, args: tuple, kwargs: dict, *, measure: bool = False,
            replace: Mapping[str, str] | None = None) -> tuple[Any, int | None]:
-    """The one way a check runs student code, in its sandbox or (a kernel's namespace) here: ``(result, peak)``."""
-    replace = dict(replace or {})
+    """The one way a check runs student code, in its sandbox or (a kernel's namespace) here: ``(result, peak)``.
+    When the student's function raises, the message adds what it was given (arrays by shape and dtype)."""
+    try:
+        return _invoke(student, name, args, kwargs, measure=measure, replace=dict(replace or {}))
+    except AssertionError as exc:
+        if f"`{name}` raised " not in str(exc):
+            raise
+        given = [_describe(a) for a in args] + [f"{k}={_describe(v)}" for k, v in kwargs.items()]
+        raise AssertionError(f"{exc} (called with {', '.join(given) or 'no arguments'})") from None
+
+
+def _invoke(student: Any, name: str, args: tuple, kwargs: dict, *, measure: bool,
+            replace: dict[str, str]) -> tuple[Any, int | None]:
     if hasattr(student, "remote_call"):
         return student.remote_call(name, args, kwargs, measure=measure, replace=replace)
     args, kwargs = copy.deepcopy((args, kwargs))  # the student's code may write into its inputs
@@ -52,6 +63,14 @@ def invoke(student: Any, name: str, args: tuple, kwargs: dict, *, measure: bool 
     result: list[Any] = []
     peak = traced_memory(lambda: result.append(worker.call(student, name, args, kwargs, references)))[1]
     return result[0], peak if measure else None
+
+
+def _describe(value: Any) -> str:
+    """An input as the feedback shows it: an array by shape and dtype, a short value by its repr."""
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        return f"array {tuple(value.shape)} {value.dtype}"
+    text = repr(value)
+    return text if len(text) <= 40 else type(value).__name__
 
 
 # --- judging -------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ the submission's sandbox is gone."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -14,8 +15,8 @@ from pathlib import Path
 
 import nbformat
 
-__all__ = ["COURSE_ID", "nbgrader", "students", "assignments", "register", "submitted_notebook", "merge", "record",
-           "feedback"]
+__all__ = ["COURSE_ID", "nbgrader", "students", "assignments", "register", "locate", "submitted_notebook", "merge",
+           "record", "feedback"]
 
 COURSE_ID = "mha_lab"  # as in nbgrader_config.py
 MAX_NOTEBOOK_BYTES = 20 * 2**20
@@ -58,6 +59,20 @@ def register(course: Path, assignment: str) -> dict[str, nbformat.NotebookNode]:
         return {p.name: nbformat.read(p, as_version=4) for p in releases}
 
 
+def locate(folder: Path, name: str, alone: bool) -> tuple[str, str]:
+    """The file to grade as notebook ``name``, and a note when it has another name ('' otherwise).
+
+    ``alone``: ``name`` is the assignment's only notebook; then a folder holding exactly one ``.ipynb``
+    (``ps2_mqa (1).ipynb``, as a browser saves it) is graded as it. ValueError names the files found.
+    """
+    found = sorted(p.name for p in Path(folder).glob("*.ipynb"))
+    if name in found or (Path(folder) / name).is_symlink():
+        return name, ""
+    if alone and len(found) == 1:
+        return found[0], f"graded {found[0]} as {name}: hand in the notebook under its own name"
+    return name, ""  # submitted_notebook says it is missing, and names the files found
+
+
 def submitted_notebook(folder: Path, name: str) -> nbformat.NotebookNode:
     """A student's notebook, read without following links; ValueError says why it cannot be graded."""
     path = Path(folder) / name
@@ -65,7 +80,8 @@ def submitted_notebook(folder: Path, name: str) -> nbformat.NotebookNode:
         if part.is_symlink():
             raise ValueError(f"{part.name} is a symbolic link, not a submitted file")
     if not path.is_file():
-        raise ValueError(f"missing notebook {name}")
+        found = ", ".join(sorted(p.name for p in Path(folder).glob("*.ipynb"))) or "no .ipynb file"
+        raise ValueError(f"missing notebook {name} (found: {found})")
     if path.stat().st_size > MAX_NOTEBOOK_BYTES:
         raise ValueError(f"{name} is larger than {MAX_NOTEBOOK_BYTES >> 20} MiB")
     try:
@@ -114,7 +130,8 @@ def record(course: Path, assignment: str, student: str, scores: dict[tuple[str, 
         gb.update_or_create_student(student)
         gb.update_or_create_submission(assignment, student)
         for (notebook, grade_id), score in scores.items():
-            gb.find_grade(grade_id, notebook, assignment, student).auto_score = score
+            grade = gb.find_grade(grade_id, notebook, assignment, student)
+            grade.auto_score, grade.needs_manual_grade = score, False  # as nbgrader's SaveAutoGrades
         gb.db.commit()
     folder = course / "autograded" / student / assignment
     shutil.rmtree(folder, ignore_errors=True)
@@ -123,10 +140,18 @@ def record(course: Path, assignment: str, student: str, scores: dict[tuple[str, 
         nbformat.write(nb, folder / name)
 
 
+FEEDBACK_TEMPLATES = Path(__file__).with_name("templates")  # mha_feedback: nbgrader's, made for reading
+
+
 def feedback(course: Path, assignment: str, who: list[str]) -> str:
-    """``nbgrader generate_feedback`` for these students; '' or what went wrong."""
+    """``nbgrader generate_feedback`` for these students, with the ``mha_feedback`` template; '' or what went
+    wrong."""
     if not who:
         return ""
+    nbgrader_dir = Path(importlib.util.find_spec("nbgrader").origin).parent
+    bases = [str(FEEDBACK_TEMPLATES), str(nbgrader_dir / "server_extensions" / "formgrader" / "templates")]
     proc = nbgrader(Path(course), "generate_feedback", assignment, "--force",
+                    "--HTMLExporter.template_name=mha_feedback", "--HTMLExporter.template_file=feedback.html.j2",
+                    *(f"--HTMLExporter.extra_template_basedirs={b}" for b in bases),
                     f"--CourseDirectory.student_id_exclude={','.join(s for s in students(course) if s not in who)}")
     return "" if proc.returncode == 0 else f"generate_feedback failed: {proc.stderr.strip()[-300:]}"

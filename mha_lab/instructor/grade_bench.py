@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mha_lab import classroom
+from mha_lab.instructor import classroom
 
 ASSIGNMENT = "ps1_per_head_loop"
 # One class in twenty submissions: 12 honest, 4 buggy, 3 blank, 1 hostile.

@@ -23,7 +23,7 @@ from pathlib import Path
 
 __all__ = ["MARKERS", "members", "build", "main"]
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MARKERS = ("### BEGIN SOLUTION", "### BEGIN HIDDEN TESTS", "run_hidden_checks")
 
 README = """MHA Lab: the problem sets

@@ -21,7 +21,7 @@ from mha_lab.measure import traced_memory
 __all__ = ["FILENAME", "VALUES", "main"]
 
 FILENAME = "expected.npz"
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _weights(layer: MultiHeadAttention | GroupedQueryAttention, prefix: str = "") -> dict[str, np.ndarray]:

@@ -35,7 +35,7 @@ __all__ = ["REPO", "Target", "Attack", "Student", "new_course", "read_notebook",
            "answer_cell", "submit", "mutants", "attacks", "honest", "blank", "buggy", "hostile", "run_grader",
            "read_grades"]
 
-REPO = Path(__file__).resolve().parents[1]  # a clone: solutions/, assignments/, tests/mutants, tests/adversarial
+REPO = Path(__file__).resolve().parents[2]  # a clone: solutions/, assignments/, tests/mutants, tests/adversarial
 SOLUTION_LINE = re.compile(r"^\s*### (BEGIN|END) SOLUTION\s*$")
 GRADER = ("-m", "mha_lab.grading")  # python -m mha_lab.grading <assignment> --course DIR --jobs N --timeout S
 

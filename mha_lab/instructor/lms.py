@@ -1,0 +1,172 @@
+"""Grades into the LMS: a Canvas gradebook import, and a long CSV any other LMS can map.
+
+``python -m mha_lab export --canvas <canvas export>.csv --out canvas_import.csv [--long grades_long.csv]``
+
+- The Canvas file is the gradebook Canvas exports (``Student, ID, SIS User ID, SIS Login ID, Section``,
+  then one column per assignment titled ``Name (id)``). It is the roster: students are matched on
+  ``SIS Login ID`` = the nbgrader student id (``--id-column`` names another column).
+- An assignment's column is the one whose title is the nbgrader assignment name, with or without
+  Canvas's ``(id)``. The file written keeps every column and row of the export (the ``Points
+  Possible`` row too) and fills those columns with the final score: after the late penalty, as
+  ``nbgrader export`` computes it. A student with no submission, or one that could not be graded,
+  is left empty, never 0.
+- The long CSV has one row per student and assignment: ``student, assignment, status, score,
+  raw_score, late_penalty, max_score, timestamp, seconds_late``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import re
+import sys
+import warnings
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from mha_lab.grading import course as courses
+from mha_lab.grading.course import COURSE_ID
+
+__all__ = ["Grade", "read_grades", "canvas", "write_long", "main"]
+
+LONG_FIELDS = ["student", "assignment", "status", "score", "raw_score", "late_penalty", "max_score", "timestamp",
+               "seconds_late"]
+
+
+@dataclass(frozen=True)
+class Grade:
+    """One student's grade for one assignment; ``score`` is None unless it was graded."""
+
+    student: str
+    assignment: str
+    status: str  # graded | not graded | not submitted
+    score: float | None = None
+    raw_score: float | None = None
+    late_penalty: float | None = None
+    max_score: float = 0.0
+    timestamp: str = ""
+    seconds_late: float | None = None
+
+
+def _not_graded(course: Path, assignment: str) -> set[str]:
+    """Students whose last grading of ``assignment`` could not grade them (``grades_<a>.csv``'s status)."""
+    path = Path(course) / f"grades_{assignment}.csv"
+    if not path.is_file():
+        return set()
+    with open(path, newline="") as f:
+        return {row["student"] for row in csv.DictReader(f) if row.get("status") == "not graded"}
+
+
+def read_grades(course: Path) -> dict[tuple[str, str], Grade]:
+    """(student, assignment) -> Grade, for every assignment of the course's gradebook and every student of the
+    gradebook or of ``submitted/``."""
+    from nbgrader.api import Gradebook, MissingEntry
+
+    db = Path(course) / "gradebook.db"
+    if not db.is_file():
+        raise FileNotFoundError(f"no gradebook at {db}: grade first (make grade)")
+    grades = {}
+    with Gradebook(f"sqlite:///{db}", course_id=COURSE_ID) as gb, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # SQLAlchemy's about nbgrader's own session handling
+        everyone = sorted({s.id for s in gb.students} | set(courses.students(course)))
+        for assignment in gb.assignments:
+            skipped = _not_graded(course, assignment.name)
+            for student in everyone:
+                key = (student, assignment.name)
+                try:
+                    sub = gb.find_submission(assignment.name, student)
+                except MissingEntry:
+                    grades[key] = Grade(*key, "not submitted", max_score=assignment.max_score)
+                    continue
+                if student in skipped:
+                    grades[key] = Grade(*key, "not graded", max_score=assignment.max_score)
+                    continue
+                penalty = sub.late_submission_penalty or 0.0
+                grades[key] = Grade(*key, "graded", max(0.0, sub.score - penalty), sub.score, penalty,
+                                    assignment.max_score, sub.timestamp.isoformat(sep=" ") if sub.timestamp else "",
+                                    sub.total_seconds_late)
+    return grades
+
+
+def write_long(grades: dict[tuple[str, str], Grade], out: Path) -> None:
+    """The long CSV: one row per (student, assignment), sorted; empty cells where there is no grade."""
+    with open(out, "w", newline="") as f:
+        writer = csv.DictWriter(f, LONG_FIELDS)
+        writer.writeheader()
+        for key in sorted(grades):
+            writer.writerow({k: "" if v is None else v for k, v in asdict(grades[key]).items()})
+
+
+def _column(header: list[str], assignment: str) -> int | None:
+    """The index of the Canvas column titled ``assignment`` or ``assignment (id)``; None when there is none."""
+    pattern = re.compile(rf"{re.escape(assignment)}(\s*\(\d+\))?")
+    found = [i for i, title in enumerate(header) if pattern.fullmatch(title.strip())]
+    if len(found) > 1:
+        raise ValueError(f"{len(found)} Canvas columns are titled {assignment!r}: {[header[i] for i in found]}")
+    return found[0] if found else None
+
+
+def canvas(export: Path, grades: dict[tuple[str, str], Grade], out: Path, id_column: str = "SIS Login ID") -> list[str]:
+    """Write the Canvas import at ``out`` from the Canvas gradebook ``export``; returns what the instructor
+    should know (assignments with no column, students graded but not on the roster)."""
+    with open(export, newline="", encoding="utf-8-sig") as f:
+        rows = list(csv.reader(f))
+    if not rows or id_column not in rows[0]:
+        raise ValueError(f"{export}: no column {id_column!r} in its header (is it a Canvas gradebook export?); "
+                         f"columns: {', '.join(rows[0]) if rows else 'none'}")
+    header, key = rows[0], rows[0].index(id_column)
+    notes, columns = [], {}
+    for assignment in sorted({a for _, a in grades}):
+        index = _column(header, assignment)
+        if index is None:
+            notes.append(f"no Canvas column for {assignment}: add the assignment in Canvas, export again")
+        else:
+            columns[assignment] = index
+    roster = set()
+    for row in rows[1:]:
+        student = row[key].strip() if key < len(row) else ""
+        if not student:  # the Points Possible row, or a row Canvas adds that is no student
+            continue
+        roster.add(student)
+        for assignment, index in columns.items():
+            grade = grades.get((student, assignment))
+            row[index] = "" if grade is None or grade.score is None else f"{grade.score:g}"
+    graded = sorted({s for (s, _), g in grades.items() if g.status == "graded"} - roster)
+    if graded:
+        notes.append(f"graded but not on the Canvas roster (by {id_column}): {', '.join(graded)}")
+    with open(out, "w", newline="", encoding="utf-8") as f:
+        csv.writer(f).writerows(rows)
+    return notes
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mha_lab export", description=__doc__.splitlines()[0])
+    parser.add_argument("--course", type=Path, default=Path.cwd(), help="course root (default: here)")
+    parser.add_argument("--canvas", type=Path, help="the gradebook CSV Canvas exports: the roster")
+    parser.add_argument("--out", type=Path, help="the Canvas import to write (with --canvas)")
+    parser.add_argument("--id-column", default="SIS Login ID",
+                        help="the Canvas column that holds the nbgrader student id (default: %(default)s)")
+    parser.add_argument("--long", type=Path, help="also write one row per student and assignment here")
+    args = parser.parse_args(argv)
+    if args.canvas is None and args.long is None:
+        parser.error("nothing to write: give --canvas FILE --out FILE, --long FILE, or both")
+    if (args.canvas is None) != (args.out is None):
+        parser.error("--canvas and --out go together")
+    try:
+        grades = read_grades(args.course)
+        if args.long:
+            write_long(grades, args.long)
+            print(f"wrote {args.long}: {len(grades)} rows")
+        if args.canvas:
+            for note in canvas(args.canvas, grades, args.out, args.id_column):
+                print(f"note: {note}")
+            print(f"wrote {args.out}: import it in Canvas (Grades, Import)")
+    except (OSError, ValueError) as exc:
+        print(f"export: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,183 @@
+"""Due dates, extensions and late work, nbgrader's way, recorded in the gradebook after a grading run.
+
+- The submission time is ``submitted/<student>/<a>/timestamp.txt`` as ``nbgrader collect`` writes it
+  (``2026-11-23 17:02:11.123456 UTC``), read with nbgrader's own parser; no file, no time (as nbgrader).
+- The due date is the gradebook's: ``nbgrader db assignment add <a> --duedate "2026-11-23 17:00:00 UTC"``.
+- ``extensions.csv`` at the course root (``student,assignment,due``, the due date in the same format)
+  moves one student's due date. It lands in the gradebook as nbgrader's ``extension``, so the
+  lateness nbgrader computes (``total_seconds_late``) and ``nbgrader export`` follow it.
+- The penalty is the ``LateSubmissionPlugin`` that ``nbgrader_config.py`` configures
+  (``c.LateSubmissionPlugin.penalty_method = "none" | "zero"``, or ``c.AssignLatePenalties.plugin_class``),
+  per notebook and clamped to [0, score] as nbgrader does. ``PerDayPenalty`` is the policy nbgrader lacks:
+  a fraction of the score per started day late, up to a cap.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+import stat
+import warnings
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from nbgrader.plugins import BasePlugin, LateSubmissionPlugin
+from traitlets import Float
+from traitlets.config.loader import PyFileConfigLoader
+from traitlets.utils.importstring import import_item
+
+from mha_lab.grading.course import COURSE_ID
+
+__all__ = ["EXTENSIONS", "Late", "PerDayPenalty", "read_timestamp", "read_extensions", "late_plugin", "apply"]
+
+EXTENSIONS = "extensions.csv"
+DAY = 86400.0
+TIMESTAMP_BYTES = 100
+
+
+@dataclass(frozen=True)
+class Late:
+    """A submission's time against its due date, and the points its lateness cost."""
+
+    timestamp: datetime | None = None
+    due: datetime | None = None
+    seconds_late: float = 0.0
+    penalty: float = 0.0
+    extended: bool = False
+    problem: str = ""  # why the submission has no time although a file was there
+
+    @property
+    def hours_late(self) -> float:
+        return self.seconds_late / 3600
+
+    def describe(self) -> str:
+        """'' when on time; else e.g. 'late 26.5 h (-2)'; 'no timestamp' when a due date exists but no time."""
+        if self.problem:
+            return f"no time: {self.problem}"
+        if self.seconds_late > 0:
+            return f"late {self.hours_late:.1f} h (-{self.penalty:g})"
+        return "no timestamp" if self.timestamp is None and self.due is not None else ""
+
+
+class PerDayPenalty(LateSubmissionPlugin):
+    """``per_day`` of the notebook's score per started day late, at most ``cap`` of it.
+
+    ``penalty = score * min(cap, per_day * ceil(seconds_late / 86400))``. In nbgrader_config.py:
+    ``c.AssignLatePenalties.plugin_class = "mha_lab.instructor.term.PerDayPenalty"``,
+    ``c.PerDayPenalty.per_day = 0.1``, ``c.PerDayPenalty.cap = 0.5``.
+    """
+
+    per_day = Float(0.1, help="fraction of the score taken per started day late").tag(config=True)
+    cap = Float(0.5, help="the largest fraction of the score taken").tag(config=True)
+
+    def late_submission_penalty(self, student_id: str, score: float, total_seconds_late: float) -> float:
+        if not (0 <= self.per_day <= 1 and 0 <= self.cap <= 1):
+            raise ValueError(f"PerDayPenalty needs per_day and cap in [0, 1], got {self.per_day} and {self.cap}")
+        return round(score * min(self.cap, self.per_day * math.ceil(total_seconds_late / DAY)), 6)
+
+
+def read_timestamp(folder: Path) -> datetime | None:
+    """The UTC time in ``folder/timestamp.txt`` (naive, as the gradebook keeps it); None when absent or empty.
+
+    The file comes with the submission: ValueError when it is a link, not a plain file, too long or no time.
+    """
+    from nbgrader.utils import parse_utc
+
+    path = Path(folder) / "timestamp.txt"
+    if not os.path.lexists(path):
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        raise ValueError(f"timestamp.txt cannot be read ({exc.strerror}: a link?)") from None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError("timestamp.txt is not a plain file")
+        text = f.read(TIMESTAMP_BYTES + 1).decode("utf-8", "replace").strip()
+    if len(text) > TIMESTAMP_BYTES:
+        raise ValueError(f"timestamp.txt is longer than {TIMESTAMP_BYTES} bytes")
+    if not text:
+        return None
+    try:
+        return parse_utc(text)
+    except (ValueError, OverflowError):
+        raise ValueError(f"timestamp.txt: {text[:60]!r} is not a time as nbgrader collect writes it") from None
+
+
+def read_extensions(course: Path) -> dict[tuple[str, str], datetime]:
+    """(student, assignment) -> the extended due date (UTC), from ``extensions.csv``; {} when there is none."""
+    from nbgrader.utils import parse_utc
+
+    path = Path(course) / EXTENSIONS
+    if not path.is_file():
+        return {}
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        missing = {"student", "assignment", "due"} - set(reader.fieldnames or ())
+        if missing:
+            raise ValueError(f"{path}: needs the columns student,assignment,due; missing {', '.join(sorted(missing))}")
+        found = {}
+        for line, row in enumerate(reader, start=2):
+            try:
+                found[row["student"].strip(), row["assignment"].strip()] = parse_utc(row["due"].strip())
+            except (ValueError, OverflowError, AttributeError):
+                raise ValueError(f"{path}, line {line}: due {row['due']!r} is not a date such as "
+                                 "'2026-11-23 17:00:00 UTC'") from None
+    return found
+
+
+def late_plugin(course: Path) -> BasePlugin:
+    """The late-penalty plugin nbgrader_config.py configures (nbgrader's ``LateSubmissionPlugin`` by default)."""
+    config = PyFileConfigLoader("nbgrader_config.py", path=str(course)).load_config()
+    cls = config.AssignLatePenalties.get("plugin_class", LateSubmissionPlugin)
+    cls = import_item(cls) if isinstance(cls, str) else cls
+    if not (isinstance(cls, type) and issubclass(cls, BasePlugin)):
+        raise ValueError(f"AssignLatePenalties.plugin_class {cls!r} is not an nbgrader plugin class")
+    return cls(config=config)
+
+
+def apply(course: Path, assignment: str, students: Iterable[str]) -> dict[str, Late]:
+    """Record each graded student's submission time, extension and late penalty in the gradebook.
+
+    A student with no name gets their id as last name (formgrader would print "None, None").
+    Returns student -> ``Late``.
+    """
+    from nbgrader.api import Gradebook, MissingEntry
+
+    course = Path(course)
+    extensions, plugin = read_extensions(course), late_plugin(course)
+    found = {}
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}", course_id=COURSE_ID) as gb, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # SQLAlchemy's about nbgrader's own session handling
+        due = gb.find_assignment(assignment).duedate
+        for student in students:
+            try:
+                submission = gb.find_submission(assignment, student)
+            except MissingEntry:
+                continue
+            if submission.student.first_name is None and submission.student.last_name is None:
+                submission.student.last_name, submission.student.first_name = student, ""
+            try:
+                submission.timestamp, problem = read_timestamp(course / "submitted" / student / assignment), ""
+            except ValueError as exc:  # graded, with no time: the summary and the CSV say why
+                submission.timestamp, problem = None, str(exc)
+            extended = extensions.get((student, assignment))
+            if extended is not None and due is None:
+                raise ValueError(f"{EXTENSIONS} extends {assignment} for {student}, but {assignment} has no due "
+                                 f"date: nbgrader db assignment add {assignment} --duedate '...'")
+            submission.extension = None if extended is None else extended - due
+            late = submission.total_seconds_late
+            penalty = 0.0
+            for notebook in submission.notebooks:
+                notebook.late_submission_penalty = None
+                if late > 0:
+                    cost = plugin.late_submission_penalty(student, notebook.score, late)
+                    notebook.late_submission_penalty = None if cost is None else min(max(cost, 0.0), notebook.score)
+                penalty += notebook.late_submission_penalty or 0.0
+            found[student] = Late(submission.timestamp, submission.duedate, late, penalty, extended is not None,
+                                  problem)
+        gb.db.commit()
+    return found
