@@ -8,7 +8,9 @@ judging in the grader (see ``mha_lab.grading.worker``):
    taken from ``mha_lab`` (``reference_use``);
 3. judge with ``expect_array`` / ``expect_close`` / ``expect_true`` / ``expect_within_budget``.
 
-Every failure is an ``AssertionError`` whose message names the property and the likely bug.
+Every failure is an ``AssertionError`` whose message names the property and the likely bug, and ends
+with the bug's stable id, ``[bug: <id>]`` (``BUG_TAG``; every hint of a hidden check ends with one): the
+class report groups failures by these ids, so rewording a hint never splits or merges its group.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import ast
 import copy
 import importlib
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -24,8 +27,8 @@ import numpy as np
 from mha_lab.measure import traced_memory
 from mha_lab.testing import tolerances
 
-__all__ = ["Submission", "call", "call_with_peak", "call_replacing", "invoke", "run", "reference_use",
-           "expect_array", "expect_close", "expect_true", "expect_within_budget",
+__all__ = ["BUG_TAG", "bug_ids", "Submission", "call", "call_with_peak", "call_replacing", "invoke", "run",
+           "reference_use", "expect_array", "expect_close", "expect_true", "expect_within_budget",
            "SmoothLoss"]
 
 # The public names of mha_lab (and of torch) that compute attention or its pieces for you; an assignment
@@ -34,6 +37,14 @@ __all__ = ["Submission", "call", "call_with_peak", "call_replacing", "invoke", "
 REFERENCE_MODULES = ("mha_lab.cpu", "mha_lab.analysis", "mha_lab.gradcheck")
 TORCH_REFERENCES = {"torch.nn.functional": ("scaled_dot_product_attention", "multi_head_attention_forward"),
                     "torch.nn": ("MultiheadAttention",)}
+
+
+BUG_TAG = re.compile(r"\[bug: ([a-z0-9]+(?:-[a-z0-9]+)*)\]")  # a likely bug's stable id, e.g. [bug: scale-d-model]
+
+
+def bug_ids(message: str) -> list[str]:
+    """The bug ids a failure message names, in order ([] when it names none)."""
+    return BUG_TAG.findall(message)
 
 
 class Submission(dict):
@@ -82,7 +93,8 @@ def invoke(student: Mapping[str, Any], name: str, args: tuple, kwargs: dict, *, 
     replace = dict(replace or {})
     used = reference_use(getattr(student, "cells", ()), name, getattr(student, "allowed", ()), skip=replace)
     if used:
-        raise AssertionError(f"`{name}` uses {used} instead of implementing it: no points for `{name}`")
+        raise AssertionError(f"`{name}` uses {used} instead of implementing it: no points for `{name}`"
+                             " [bug: uses-mha-lab]")
     if hasattr(student, "remote_call"):
         return student.remote_call(name, args, kwargs, measure=measure, replace=replace)
     args, kwargs = copy.deepcopy((args, kwargs))  # the student's code may write into its inputs
@@ -96,8 +108,9 @@ def run(namespace: Mapping[str, Any], name: str, args: tuple, kwargs: dict, *, m
     worker's own measurement, used where no cgroup reads it)."""
     fn = namespace.get(name)
     if not callable(fn):
-        raise AssertionError(f"`{name}` should be a function, got {type(fn).__name__}" if name in namespace else
-                             f"`{name}` is not defined: run the cell that defines it, and keep its name")
+        raise AssertionError(f"`{name}` should be a function, got {type(fn).__name__} [bug: not-a-function]"
+                             if name in namespace else f"`{name}` is not defined: run the cell that defines it, "
+                             "and keep its name [bug: not-defined]")
     scope = getattr(fn, "__globals__", {})
     saved = {attr: scope[attr] for attr in (replace or {}) if attr in scope}
     for attr in saved:
@@ -108,11 +121,12 @@ def run(namespace: Mapping[str, Any], name: str, args: tuple, kwargs: dict, *, m
         peak = traced_memory(lambda: result.append(fn(*args, **kwargs)))[1] if measure else None
         return (result[0] if measure else fn(*args, **kwargs)), peak
     except NotImplementedError:
-        raise AssertionError(f"`{name}` is not implemented yet (NotImplementedError)") from None
+        raise AssertionError(f"`{name}` is not implemented yet (NotImplementedError) [bug: not-implemented]") from None
     except TypeError as exc:
-        raise AssertionError(f"`{name}` raised TypeError: {exc} (check its signature)") from None
+        raise AssertionError(f"`{name}` raised TypeError: {exc} (check its signature) [bug: signature]") from None
     except Exception as exc:  # noqa: BLE001 - any error of the student's code loses the points, with its reason
-        raise AssertionError(f"`{name}` raised {type(exc).__name__}: {exc}") from None
+        raise AssertionError(f"`{name}` raised {type(exc).__name__}: {exc} [bug: raises-{type(exc).__name__.lower()}]"
+                             ) from None
     finally:
         scope.update(saved)
 
@@ -206,16 +220,19 @@ def _root(node: ast.AST) -> str:
 # --- judging -------------------------------------------------------------------------------------
 
 
+NONFINITE = "overflow in exp (softmax without subtracting the max?) or a wrong mask [bug: nonfinite]"
+
+
 def expect_array(value: Any, *, what: str, shape: tuple[int, ...], dtype: Any = np.float64,
-                 hint: str = "overflow in exp (softmax without subtracting the max?) or a wrong mask") -> np.ndarray:
+                 hint: str = NONFINITE) -> np.ndarray:
     """Type, shape, dtype and finiteness, in that order, each failure naming ``what``; ``hint`` is the
     likely bug when entries are NaN or inf."""
     if type(value) is not np.ndarray:
-        raise AssertionError(f"{what}: expected a numpy.ndarray, got {type(value).__name__}")
+        raise AssertionError(f"{what}: expected a numpy.ndarray, got {type(value).__name__} [bug: not-an-array]")
     if value.shape != tuple(shape):
-        raise AssertionError(f"{what}: expected shape {tuple(shape)}, got {value.shape}")
+        raise AssertionError(f"{what}: expected shape {tuple(shape)}, got {value.shape} [bug: wrong-shape]")
     if dtype is not None and value.dtype != np.dtype(dtype):
-        raise AssertionError(f"{what}: expected dtype {np.dtype(dtype)}, got {value.dtype}")
+        raise AssertionError(f"{what}: expected dtype {np.dtype(dtype)}, got {value.dtype} [bug: wrong-dtype]")
     if not np.isfinite(value).all():
         bad = int(np.size(value) - np.isfinite(value).sum())
         raise AssertionError(f"{what}: {bad} entries are NaN or inf. Likely bug: {hint}")
@@ -226,7 +243,7 @@ def expect_close(actual: np.ndarray, expected: np.ndarray, *, what: str, hint: s
     """Values within ``mha_lab.testing.tolerances`` of the reference; else name the likely bug."""
     actual, expected = np.asarray(actual), np.asarray(expected)
     if actual.shape != expected.shape:
-        raise AssertionError(f"{what}: expected shape {expected.shape}, got {actual.shape}")
+        raise AssertionError(f"{what}: expected shape {expected.shape}, got {actual.shape} [bug: wrong-shape]")
     tol = tolerances(expected.dtype)
     err = np.abs(actual - expected)
     if not (err <= tol["atol"] + tol["rtol"] * np.abs(expected)).all():

@@ -12,15 +12,21 @@ from mha_lab.cpu import MultiHeadAttention, create_causal_mask, merge_heads, sca
 from mha_lab.grading import checks
 
 ALLOWED_HELPERS = {"create_causal_mask"}
+# the package's own code for each task (the book prints it): what the class report's similarity compares answers with
+PACKAGE_ANSWERS = {"split_heads": ["mha_lab.cpu.split_heads"], "merge_heads": ["mha_lab.cpu.merge_heads"],
+                   "attention": ["mha_lab.cpu.scaled_dot_product_attention", "mha_lab.cpu.softmax"],
+                   "mha_forward_loop": ["mha_lab.cpu.per_head.per_head_attention", "mha_lab.cpu.per_head.head_forward",
+                                        "mha_lab.cpu.per_head.head_slices"]}
 REFERENCE_ATTENTION = {"attention": "mha_lab.cpu.scaled_dot_product_attention"}
 SPLIT_HINT = ("(B, L, d_model) -> (B, L, h, d_k) -> (B, h, L, d_k): reshape first, then transpose. "
-              "Did you reshape without transposing, or transpose before reshaping?")
+              "Did you reshape without transposing, or transpose before reshaping? [bug: split-layout]")
 MERGE_HINT = ("(B, h, L, d_k) -> (B, L, h, d_k) -> (B, L, d_model): transpose first, then reshape. "
-              "Did you reshape without transposing?")
-SCALE_HINT = "scale the scores by 1/sqrt(d_k), with d_k = Q.shape[-1] (not 1/d_k, not 1/sqrt(d_model))"
+              "Did you reshape without transposing? [bug: merge-layout]")
+SCALE_HINT = ("scale the scores by 1/sqrt(d_k), with d_k = Q.shape[-1] (not 1/d_k, not 1/sqrt(d_model))"
+              " [bug: scale-not-sqrt-d-k]")
 MASK_HINT = ("the additive mask is 0 where attention is allowed and -inf where it is not: add it to the "
-             "scores before the softmax. Is the mask inverted?")
-STABILITY_HINT = "softmax without subtracting the row maximum overflows: exp(1000) is inf"
+             "scores before the softmax. Is the mask inverted? [bug: mask-inverted]")
+STABILITY_HINT = "softmax without subtracting the row maximum overflows: exp(1000) is inf [bug: softmax-overflow]"
 
 
 def _rng(salt: int) -> np.random.Generator:
@@ -83,7 +89,7 @@ def _judge_attention(result, Q, K, V, mask, what: str, hint: str) -> None:
     expected_out, expected_w = scaled_dot_product_attention(Q, K, V, mask)
     checks.expect_true(isinstance(result, tuple) and len(result) == 2,
                        what=f"{what}: expected a tuple (output, weights), got {type(result).__name__}",
-                       hint="return output, weights")
+                       hint="return output, weights [bug: return-output-weights]")
     out, weights = result
     checks.expect_array(weights, what=f"{what}: weights", shape=expected_w.shape, hint=hint)
     checks.expect_array(out, what=f"{what}: output", shape=expected_out.shape, hint=hint)
@@ -124,7 +130,8 @@ def test_attention_stability(student):
     result = checks.call(student, "attention", Q, K, V)
 
     checks.expect_true(isinstance(result, tuple) and len(result) == 2,
-                       what="attention must return (output, weights)", hint="return output, weights")
+                       what="attention must return (output, weights)", hint="return output, weights"
+                                                                            " [bug: return-output-weights]")
     out, weights = result
     checks.expect_array(weights, what="attention weights for scores in the thousands", shape=(3, 5, 7),
                         hint=STABILITY_HINT)
@@ -146,7 +153,7 @@ def _layer_inputs(salt: int, B: int = 3, L: int = 5, d_model: int = 12, h: int =
 def _loop_output(result, what: str):
     checks.expect_true(isinstance(result, tuple) and len(result) == 2,
                        what=f"{what}: expected a tuple (output, head_weights), got {type(result).__name__}",
-                       hint="return output, head_weights")
+                       hint="return output, head_weights [bug: return-output-head-weights]")
     return result
 
 
@@ -169,7 +176,7 @@ def test_mha_loop_values(student):
     checks.expect_array(out, what="mha_forward_loop output", shape=expected.shape)
     checks.expect_close(out, expected, what="mha_forward_loop output vs the fused layer",
                         hint="head i uses columns i*d_k:(i+1)*d_k of W_Q, W_K, W_V and rows i*d_k:(i+1)*d_k "
-                             "of W_O, and the heads' contributions are added")
+                             "of W_O, and the heads' contributions are added [bug: head-slices]")
 
 
 def test_mha_loop_mask(student):
@@ -182,7 +189,7 @@ def test_mha_loop_mask(student):
     out, _ = _loop_output(result, "mha_forward_loop with a causal mask")
     checks.expect_array(out, what="mha_forward_loop output with a causal mask", shape=expected.shape)
     checks.expect_close(out, expected, what="mha_forward_loop with a causal mask vs the fused layer",
-                        hint="pass the mask to every head's attention, and slice W_O by rows")
+                        hint="pass the mask to every head's attention, and slice W_O by rows [bug: mask-per-head]")
 
 
 def test_mha_loop_weights(student):
@@ -198,7 +205,8 @@ def test_mha_loop_weights(student):
                        what=f"head_weights: expected a list of h=3 arrays of shape (B, L, L) = (2, 5, 5), got "
                             f"{type(weights).__name__} of length {n}",
                        hint="return a list with one (B, L, L) matrix per head, not one array stacked along "
-                            "another axis")
+                            "another axis [bug: head-weights-list]")
     for i, (w, ref) in enumerate(zip(weights, expected, strict=True)):
         checks.expect_array(w, what=f"head_weights[{i}] (a list of h arrays of shape (B, L, L))", shape=ref.shape)
-        checks.expect_close(w, ref, what=f"head_weights[{i}]", hint="head i's weights come from head i's slices")
+        checks.expect_close(w, ref, what=f"head_weights[{i}]", hint="head i's weights come from head i's slices"
+                                                                    " [bug: head-weights-slices]")

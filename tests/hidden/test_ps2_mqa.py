@@ -23,13 +23,18 @@ from mha_lab.grading import checks
 
 # mha_lab names a student function may use: helpers and model data, not answers
 ALLOWED_HELPERS = {"create_causal_mask", "softmax", "ModelConfig", "MODEL_CONFIGS", "gib", "gb"}
+# the package's own code for each task (the book prints it): what the class report's similarity compares answers with
+PACKAGE_ANSWERS = {"mqa_forward": ["mha_lab.cpu.GroupedQueryAttention.forward", "mha_lab.cpu.repeat_kv"],
+                   "gqa_forward": ["mha_lab.cpu.GroupedQueryAttention.forward", "mha_lab.cpu.repeat_kv"],
+                   "kv_cache_bytes": ["mha_lab.analysis.kv_cache_bytes"], "decode_step": ["mha_lab.cpu.decode_step"]}
 LAYOUT_HINT = ("(B, L, h*d_k) -> (B, L, h, d_k) -> (B, h, L, d_k) and back: reshape and transpose in that "
-               "order. Did you reshape without transposing?")
-SCALE_HINT = "scale the scores by 1/sqrt(d_k), the head size, not by 1/sqrt(d_model)"
+               "order. Did you reshape without transposing? [bug: reshape-no-transpose]")
+SCALE_HINT = "scale the scores by 1/sqrt(d_k), the head size, not by 1/sqrt(d_model) [bug: scale-d-model]"
 MASK_HINT = ("the additive mask is 0 where attention is allowed and -inf where it is not: add it to the "
-             "scores. Is the mask inverted?")
+             "scores. Is the mask inverted? [bug: mask-inverted]")
 GROUP_HINT = ("key/value head j serves query heads j*n_rep ... (j+1)*n_rep - 1: repeat each head in place "
-              "(np.repeat on the head axis, torch's repeat_interleave), not the whole stack (np.tile)")
+              "(np.repeat on the head axis, torch's repeat_interleave), not the whole stack (np.tile)"
+              " [bug: tile-not-repeat]")
 
 
 def _scale_hint(out, layer, X, mask, other: str) -> str:
@@ -148,10 +153,11 @@ def test_kv_cache_bytes_values(student):
         what = f"kv_cache_bytes for {config.name} (L={L}, B={B}, {dtype})"
         checks.expect_true(isinstance(got, int | np.integer) and not isinstance(got, bool),
                            what=f"{what}: expected an integer number of bytes, got {type(got).__name__}",
-                           hint="multiply integers only")
+                           hint="multiply integers only [bug: bytes-not-int]")
         ratio = got / expected
-        hint = ("keys AND values are cached: did you forget the factor of 2?" if ratio == 0.5 else
-                "bytes = 2 (K and V) x n_layers x n_kv_heads x head_dim x seq_len x batch_size x bytes_per_element")
+        hint = ("keys AND values are cached: did you forget the factor of 2? [bug: no-factor-2]" if ratio == 0.5 else
+                "bytes = 2 (K and V) x n_layers x n_kv_heads x head_dim x seq_len x batch_size x bytes_per_element"
+                " [bug: kv-cache-formula]")
         checks.expect_true(got == expected, what=f"{what}: expected {expected:,} bytes, got {int(got):,}", hint=hint)
 
 
@@ -160,12 +166,14 @@ def test_kv_cache_bytes_values(student):
 
 CACHE_HEADS_HINT = ("the cache holds the g = num_kv_heads key/value heads, not the h repeated ones (that is what "
                     "makes the GQA cache h/g times smaller): append the new token's g heads, and repeat them for "
-                    "the query heads only inside the attention")
-CACHE_V_HINT = "the value cache got the new token's key: append v = x @ W_V (split into g heads) to cache_v"
-POSITION_HINT = ("the new token is the LAST row of the causal mask (position T): it sees every cached token and "
-                 "itself, so nothing of the cache is masked")
+                    "the query heads only inside the attention [bug: cache-repeated-heads]")
+CACHE_V_HINT = ("the value cache got the new token's key: append v = x @ W_V (split into g heads) to cache_v"
+                " [bug: key-in-value-cache]")
+POSITION = ("the new token is the LAST row of the causal mask (position T): it sees every cached token and "
+            "itself, so nothing of the cache is masked")
+POSITION_HINT = POSITION + " [bug: new-token-last-row]"
 SELF_HINT = ("the new token must see itself: append its key and value to the cache first, then attend over all "
-             "T + 1 of them")
+             "T + 1 of them [bug: new-token-sees-itself]")
 
 
 def _decode_problem(salt: int, B: int, L: int, d_model: int, h: int, g: int):
@@ -196,7 +204,7 @@ def _call_decode(student, x, cache_k, cache_v, layer, h, g, what):
     result = checks.call(student, "decode_step", x, cache_k, cache_v, *_weights(layer, h, g))
     checks.expect_true(isinstance(result, tuple) and len(result) == 3,
                        what=f"{what}: decode_step should return (out, cache_k, cache_v), got {type(result).__name__}",
-                       hint="return out, cache_k, cache_v")
+                       hint="return out, cache_k, cache_v [bug: return-out-caches]")
     return result
 
 
@@ -205,7 +213,7 @@ def _expect_cache_shape(cache, shape: tuple[int, ...], h: int, what: str) -> Non
     got = np.shape(cache)
     g = shape[1]
     hint = (CACHE_HEADS_HINT if len(got) == 4 and got[1] == h != g else
-            "append the new token's (B, g, 1, d_k) key and value along the position axis (axis 2)")
+            "append the new token's (B, g, 1, d_k) key and value along the position axis (axis 2) [bug: cache-axis]")
     checks.expect_true(got == shape, what=f"{what}: expected shape (B, g, T + 1, d_k) = {shape}, got {got}", hint=hint)
 
 
@@ -223,13 +231,17 @@ def _check_cache(student, salt, B, T, d_model, h, g):
         _expect_cache_shape(got, (B, g, T + 1, d_k), h, f"{what}: {name}")
         checks.expect_array(got, what=f"{what}: {name}", shape=(B, g, T + 1, d_k))
     checks.expect_close(got_k[:, :, :T], cache_k, what=f"{what}: the cached keys must stay as they were",
-                        hint="append the new key at the end (position T), do not change or reorder the cache")
+                        hint="append the new key at the end (position T), do not change or reorder the cache"
+                             " [bug: key-appended-wrong]")
     checks.expect_close(got_k[:, :, T:], new_k, what=f"{what}: the key appended at position T",
-                        hint="k = x @ W_K split into g heads: (B, 1, g*d_k) -> (B, g, 1, d_k), at the END of the cache")
+                        hint="k = x @ W_K split into g heads: (B, 1, g*d_k) -> (B, g, 1, d_k), at the END of the cache"
+                             " [bug: key-projection]")
     checks.expect_close(got_v[:, :, :T], cache_v, what=f"{what}: the cached values must stay as they were",
-                        hint="append the new value at the end (position T), do not change or reorder the cache")
+                        hint="append the new value at the end (position T), do not change or reorder the cache"
+                             " [bug: value-appended-wrong]")
     v_hint = CACHE_V_HINT if np.allclose(got_v[:, :, T:], new_k) else (
-        "v = x @ W_V split into g heads: (B, 1, g*d_k) -> (B, g, 1, d_k), at the END of the cache")
+        "v = x @ W_V split into g heads: (B, 1, g*d_k) -> (B, g, 1, d_k), at the END of the cache"
+        " [bug: value-projection]")
     checks.expect_close(got_v[:, :, T:], new_v, what=f"{what}: the value appended at position T", hint=v_hint)
 
 
@@ -253,11 +265,11 @@ def _decode_hint(layer, X, T, out, cache_k, cache_v) -> str:
     if T > 0 and same(_attend(layer, x, cache_k, cache_v)):
         return SELF_HINT
     if T > 0 and same(_attend(layer, x, K[:, :, :1], V[:, :, :1])):
-        return POSITION_HINT + " (your new token saw only token 0: the FIRST row of the mask)"
+        return POSITION + " (your new token saw only token 0: the FIRST row of the mask) [bug: first-row-of-mask]"
     if same(_attend(layer, x, K, np.concatenate([cache_v, new_k], axis=2))):
         return CACHE_V_HINT
-    return (f"{POSITION_HINT}. Also: q, k, v = x @ W split into h, g, g heads; repeat each cached key/value head "
-            f"h/g times in place (np.repeat on axis 1); scale by 1/sqrt(d_k)")
+    return (f"{POSITION}. Also: q, k, v = x @ W split into h, g, g heads; repeat each cached key/value head "
+            f"h/g times in place (np.repeat on axis 1); scale by 1/sqrt(d_k) [bug: decode-projection]")
 
 
 def _check_values(student, salt, B, T, d_model, h, g):
@@ -302,7 +314,7 @@ def _check_sequence(student, salt, B, prompt, L, d_model, h, g):
     got = np.concatenate(outs, axis=1)  # (B, L - prompt, d_model)
     checks.expect_close(got, expected[:, prompt:], what=f"{what} vs the causal forward of the whole sequence",
                         hint="the caches you return are what the next step receives: return them with the new "
-                             f"token's key and value appended, g = {g} heads each. " + POSITION_HINT)
+                             f"token's key and value appended, g = {g} heads each. {POSITION} [bug: sequence-caches]")
 
 
 def test_decode_step_sequence__gqa_prompt_7(student):
