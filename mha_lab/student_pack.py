@@ -23,7 +23,8 @@ __all__ = ["INSTRUCTOR_ONLY", "MARKERS", "members", "build", "main"]
 
 REPO = Path(__file__).resolve().parents[1]
 # Parts of mha_lab that only instructors use: they hold no answers, but a student has no use for them.
-INSTRUCTOR_ONLY = ("mha_lab/grading/", "mha_lab/classroom.py", "mha_lab/grade_bench.py", "mha_lab/student_pack.py")
+INSTRUCTOR_ONLY = ("mha_lab/grading/", "mha_lab/instructor/", "mha_lab/classroom.py", "mha_lab/grade_bench.py",
+                   "mha_lab/student_pack.py")
 MARKERS = ("### BEGIN SOLUTION", "### BEGIN HIDDEN TESTS", "run_hidden_checks")
 
 README = """MHA Lab: the problem sets

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from mha_lab.grading import batch, course, report, sandbox
+from mha_lab.instructor.report import build as build_report
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -49,7 +50,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(report.summary_table(results, unsafe=limits.unsafe))
             out = root / f"grades_{a}.csv"
             report.write_csv(results, out, everyone=course.students(root))
-            print(f"\nwrote {out}; gradebook {root / 'gradebook.db'}, feedback in {root / 'feedback'}\n")
+            print(f"\nwrote {out}; gradebook {root / 'gradebook.db'}, feedback in {root / 'feedback'}, "
+                  f"class report in {build_report(root, a)}\n")
     return 0
 
 

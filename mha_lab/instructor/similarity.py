@@ -1,0 +1,105 @@
+"""Answers that are suspiciously alike: every pair of students, and every student against mha_lab's own code.
+
+Answers are compared task by task (a task is one autograded answer cell, one graded function; the given
+cells are not the student's) by copydetect's winnowing over tokens: names are replaced by one token
+before fingerprinting, so renamed variables and reordered functions do not hide a copy. The release's
+stub of each answer cell is boilerplate: its fingerprints never count. A pair's similarity is the
+share of the two answers' tokens that also occur in the other one, summed over the tasks, so a short
+function that everyone writes alike cannot flag a pair on its own:
+
+    similarity(a, b) = sum_t (copied_t(a) + copied_t(b)) / sum_t (tokens_t(a) + tokens_t(b))
+
+Against the package (``student_b`` = ``mha_lab``), only the student's side counts, over the tasks the
+package implements (``PACKAGE_ANSWERS`` of the assignment's hidden module, task -> dotted names of the
+package's functions): sum_t copied_t(a) / sum_t tokens_t(a). A pair is flagged at ``THRESHOLD`` or above.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import io
+import textwrap
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from itertools import combinations
+
+from copydetect import CodeFingerprint, compare_files
+
+__all__ = ["PACKAGE", "THRESHOLD", "NOISE", "Pair", "package_source", "compare"]
+
+PACKAGE = "mha_lab"  # student_b of a comparison with the package's own implementation
+# Flag at half of the answers' tokens shared. Measured on ps3's three tasks (tests/test_instructor_report.py): a
+# classmate's answers with every name changed and functions reordered score 0.99; the package's chunked_attention
+# pasted (the other two tasks one's own) 0.71 against mha_lab; correct answers written independently 0.08 to 0.17
+# against each other and 0 to 0.13 against the package; two of them sharing only an identical measure_peak 0.19.
+THRESHOLD = 0.5
+NOISE = 25  # copydetect's k: shortest run of (name-normalised) characters that counts as shared
+WINDOW = 1  # winnowing window: every k-gram is a fingerprint (answers are short)
+
+
+@dataclass
+class Pair:
+    """Two submissions (or one and the package) compared; ``tasks``: (task, similarity, answer a, answer b)."""
+
+    student_a: str
+    student_b: str
+    similarity: float
+    flagged: bool
+    tasks: list[tuple[str, float, str, str]] = field(default_factory=list)
+
+
+def package_source(names: Iterable[str]) -> str:
+    """The source of mha_lab's functions or methods named by dotted path (``mha_lab.cpu.split_heads``), joined."""
+    sources = []
+    for dotted in names:
+        module_name, _, rest = dotted.partition(".")
+        obj, parts = importlib.import_module(module_name), rest.split(".")
+        while parts:  # the longest importable module, then attributes
+            try:
+                obj = importlib.import_module(f"{obj.__name__}.{parts[0]}")
+            except ImportError:
+                break
+            parts.pop(0)
+        for attr in parts:
+            obj = getattr(obj, attr)
+        sources.append(textwrap.dedent(inspect.getsource(obj)))
+    return "\n\n".join(sources)
+
+
+def _fingerprint(code: str, boilerplate: Iterable[int] = ()) -> CodeFingerprint:
+    return CodeFingerprint("answer.py", NOISE, WINDOW, boilerplate=list(boilerplate), fp=io.StringIO(code))
+
+
+def compare(answers: Mapping[str, Mapping[str, str]], stubs: Mapping[str, str],
+            package: Mapping[str, str] | None = None) -> list[Pair]:
+    """Every pair of ``answers`` (student -> task -> answer cell source), and each student against ``package``
+    (task -> the package's source), highest similarity first. ``stubs``: task -> the release's answer cell."""
+    boiler = {t: _fingerprint(s).hashes for t, s in stubs.items()}
+    prints = {s: {t: _fingerprint(code, boiler.get(t, ())) for t, code in tasks.items()}
+              for s, tasks in answers.items()}
+    pairs = []
+    for a, b in combinations(sorted(answers), 2):
+        pairs.append(_pair(a, b, prints[a], prints[b], answers[a], answers[b], both=True))
+    if package:
+        ref = {t: _fingerprint(code, boiler.get(t, ())) for t, code in package.items()}
+        pairs += [_pair(a, PACKAGE, prints[a], ref, answers[a], package, both=False) for a in sorted(answers)]
+    return sorted(pairs, key=lambda p: (-p.similarity, p.student_a, p.student_b))
+
+
+def _pair(a: str, b: str, fa: Mapping[str, CodeFingerprint], fb: Mapping[str, CodeFingerprint],
+          sa: Mapping[str, str], sb: Mapping[str, str], *, both: bool) -> Pair:
+    """Sum the copied and total tokens over the tasks both sides answered (``both``: count b's side too)."""
+    copied = tokens = 0.0
+    tasks = []
+    for t in sorted(set(fa) & set(fb)):
+        x, y = fa[t], fb[t]
+        if not x.token_coverage or not y.token_coverage:  # nothing of one's own (the stub as released)
+            continue
+        _, (share_a, share_b), _ = compare_files(x, y)
+        copied += share_a * x.token_coverage + (share_b * y.token_coverage if both else 0)
+        tokens += x.token_coverage + (y.token_coverage if both else 0)
+        task_sim = (share_a * x.token_coverage + share_b * y.token_coverage) / (x.token_coverage + y.token_coverage)
+        tasks.append((t, float(task_sim if both else share_a), sa[t], sb[t]))
+    similarity = float(copied / tokens) if tokens else 0.0
+    return Pair(a, b, round(similarity, 4), similarity >= THRESHOLD, tasks)
