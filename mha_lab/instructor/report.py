@@ -189,7 +189,7 @@ def _histogram_svg(data: ClassData) -> str:
 
     fig, ax = plt.subplots(figsize=(6.4, 3.2))
     top = data.max_score or 1.0
-    ax.hist(list(data.totals.values()), bins=np.linspace(0, top, min(int(top), 20) + 1), color="#3b6ea5",
+    ax.hist(list(data.totals.values()), bins=np.linspace(0, top, min(max(int(top), 1), 20) + 1), color="#3b6ea5",
             edgecolor="white")
     ax.set_xlabel(f"score (points out of {top:g})", fontsize=11)
     ax.set_ylabel("students", fontsize=11)
@@ -285,7 +285,7 @@ def _html(data: ClassData, counts: dict, stats: list, groups: list, flagged: lis
              f"<h2>Similarity</h2><p>Pairs at similarity {similarity.THRESHOLD:g} or above (share of the answers' "
              "tokens found in the other answer, over all tasks); every pair is in similarity.csv.</p>",
              _html_table(["student a", "student b", "similarity"],
-                         [[p.student_a, p.student_b, f"{p.similarity:.2f}"] for p in flagged])]
+                         [[p.student_a, p.student_b, f"{p.similarity:.2f}"] for p in flagged] or [["none", "", ""]])]
     for p in flagged:
         parts.append(f"<h3>{e(p.student_a)} and {e(p.student_b)}: {p.similarity:.2f}</h3>")
         for task, sim, a, b in p.tasks:

@@ -52,7 +52,17 @@ def test_split_heads_values(student):
 
     checks.expect_array(out, what="split_heads(x, 3)", shape=expected.shape)
     checks.expect_close(out, expected, what="split_heads(x, 3): head i must hold features i*d_k:(i+1)*d_k",
-                        hint=SPLIT_HINT)
+                        hint=_split_hint(out, x, 3))
+
+
+def _split_hint(out, x, h: int) -> str:
+    """SPLIT_HINT, its id naming the wrong order ``out`` shows when it is one of the two (the words stay)."""
+    B, L, d = x.shape
+    for bug, wrong in (("split-no-transpose", x.reshape(B, h, L, d // h)),
+                       ("split-transpose-first", x.transpose(0, 2, 1).reshape(B, h, L, d // h))):
+        if np.shape(out) == wrong.shape and np.allclose(out, wrong):
+            return SPLIT_HINT.replace("[bug: split-layout]", f"[bug: {bug}]")
+    return SPLIT_HINT
 
 
 def test_merge_heads_values(student):

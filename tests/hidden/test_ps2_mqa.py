@@ -6,6 +6,7 @@ Each check: (1) make seeded inputs on shapes the notebook's visible tests do not
 """
 
 import copy
+import re
 
 import numpy as np
 
@@ -45,6 +46,20 @@ def _scale_hint(out, layer, X, mask, other: str) -> str:
     if np.shape(out) == candidate.shape and np.allclose(out, candidate, rtol=1e-8, atol=1e-10):
         return SCALE_HINT
     return other
+
+
+def _group_hint(out, layer, X, mask, other: str) -> str:
+    """``_scale_hint``, or ``other`` with the one id tile-not-repeat when ``out`` is what np.tile gives: query head
+    i then meets K/V head i % g; a layer whose query heads are permuted to match shows it (the words stay)."""
+    g, n_rep, d_k = layer.num_kv_heads, layer.n_rep, layer.d_k
+    order = [r * g + j for j in range(g) for r in range(n_rep)]  # head at position j*n_rep + r is head r*g + j
+    cols = np.concatenate([np.arange(i * d_k, (i + 1) * d_k) for i in order])
+    wrong = copy.copy(layer)
+    wrong.W_Q, wrong.W_O = layer.W_Q[:, cols], layer.W_O[cols, :]
+    candidate = wrong.forward(X, mask=mask)
+    if np.shape(out) == candidate.shape and np.allclose(out, candidate, rtol=1e-8, atol=1e-10):
+        return re.sub(" " + checks.BUG_TAG.pattern, "", other) + " [bug: tile-not-repeat]"
+    return _scale_hint(out, layer, X, mask, other)
 
 
 def _gqa_inputs(salt: int, B: int, L: int, d_model: int, h: int, g: int):
@@ -98,7 +113,7 @@ def test_gqa_forward_values(student):
 
     checks.expect_array(out, what="gqa_forward output (h=6, num_kv_heads=2)", shape=expected.shape)
     checks.expect_close(out, expected, what="gqa_forward (h=6, num_kv_heads=2) vs the reference GQA layer",
-                        hint=_scale_hint(out, layer, X, None, f"{GROUP_HINT}. Or: {LAYOUT_HINT}"))
+                        hint=_group_hint(out, layer, X, None, f"{GROUP_HINT}. Or: {LAYOUT_HINT}"))
 
 
 def test_gqa_forward_values__causal(student):
@@ -110,7 +125,7 @@ def test_gqa_forward_values__causal(student):
 
     checks.expect_array(out, what="gqa_forward output with a causal mask", shape=expected.shape, hint=MASK_HINT)
     checks.expect_close(out, expected, what="gqa_forward (h=4, num_kv_heads=2, causal) vs the reference",
-                        hint=_scale_hint(out, layer, X, causal, f"{GROUP_HINT}. Or: {MASK_HINT}"))
+                        hint=_group_hint(out, layer, X, causal, f"{GROUP_HINT}. Or: {MASK_HINT}"))
 
 
 def test_gqa_forward_limits(student):
