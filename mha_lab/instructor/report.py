@@ -257,6 +257,7 @@ def _markdown(data: ClassData, counts: dict, stats: list, groups: list, flagged:
     return "\n".join(lines) + "\n"
 
 
+SIDE_BY_SIDE = 40  # flagged pairs shown side by side (the most similar first); all of them are in the table
 CSS = """body{font:15px/1.45 system-ui,sans-serif;max-width:72rem;margin:2rem auto;padding:0 1rem;color:#222}
 table{border-collapse:collapse;margin:.5rem 0 1.5rem}td,th{border:1px solid #ccc;padding:.25rem .5rem;
 text-align:left;vertical-align:top}th{background:#f3f3f3}figure{margin:1rem 0}figcaption{font-size:.9rem}
@@ -286,7 +287,9 @@ def _html(data: ClassData, counts: dict, stats: list, groups: list, flagged: lis
              "tokens found in the other answer, over all tasks); every pair is in similarity.csv.</p>",
              _html_table(["student a", "student b", "similarity"],
                          [[p.student_a, p.student_b, f"{p.similarity:.2f}"] for p in flagged] or [["none", "", ""]])]
-    for p in flagged:
+    if len(flagged) > SIDE_BY_SIDE:
+        parts.append(f"<p>Side by side below: the {SIDE_BY_SIDE} most similar of the {len(flagged)} flagged pairs.</p>")
+    for p in flagged[:SIDE_BY_SIDE]:
         parts.append(f"<h3>{e(p.student_a)} and {e(p.student_b)}: {p.similarity:.2f}</h3>")
         for task, sim, a, b in p.tasks:
             parts.append(f"<h4>{e(task)}: {sim:.2f}</h4><div class='pair'><pre>{e(a)}</pre><pre>{e(b)}</pre></div>")

@@ -71,35 +71,45 @@ def _fingerprint(code: str, boilerplate: Iterable[int] = ()) -> CodeFingerprint:
     return CodeFingerprint("answer.py", NOISE, WINDOW, boilerplate=list(boilerplate), fp=io.StringIO(code))
 
 
+class _Shares:
+    """Fingerprints and overlaps, computed once per distinct answer and pair of answers (a generated class, or
+    a class of copies, repeats them): (task, code a, code b) -> (copied tokens of a, of b, tokens of a, of b)."""
+
+    def __init__(self, stubs: Mapping[str, str]) -> None:
+        self.boiler = {t: _fingerprint(s).hashes for t, s in stubs.items()}
+        self.prints: dict[tuple[str, str], CodeFingerprint] = {}
+        self.done: dict[tuple[str, str, str], tuple[float, float, int, int]] = {}
+
+    def __call__(self, task: str, a: str, b: str) -> tuple[float, float, int, int]:
+        if (task, a, b) not in self.done:
+            x, y = (self.prints.setdefault((task, c), _fingerprint(c, self.boiler.get(task, ()))) for c in (a, b))
+            shares = compare_files(x, y)[1] if x.token_coverage and y.token_coverage else (0.0, 0.0)
+            self.done[task, a, b] = (shares[0] * x.token_coverage, shares[1] * y.token_coverage,
+                                     x.token_coverage, y.token_coverage)
+        return self.done[task, a, b]
+
+
 def compare(answers: Mapping[str, Mapping[str, str]], stubs: Mapping[str, str],
             package: Mapping[str, str] | None = None) -> list[Pair]:
     """Every pair of ``answers`` (student -> task -> answer cell source), and each student against ``package``
     (task -> the package's source), highest similarity first. ``stubs``: task -> the release's answer cell."""
-    boiler = {t: _fingerprint(s).hashes for t, s in stubs.items()}
-    prints = {s: {t: _fingerprint(code, boiler.get(t, ())) for t, code in tasks.items()}
-              for s, tasks in answers.items()}
-    pairs = []
-    for a, b in combinations(sorted(answers), 2):
-        pairs.append(_pair(a, b, prints[a], prints[b], answers[a], answers[b], both=True))
+    shares = _Shares(stubs)
+    pairs = [_pair(a, b, answers[a], answers[b], shares, both=True) for a, b in combinations(sorted(answers), 2)]
     if package:
-        ref = {t: _fingerprint(code, boiler.get(t, ())) for t, code in package.items()}
-        pairs += [_pair(a, PACKAGE, prints[a], ref, answers[a], package, both=False) for a in sorted(answers)]
+        pairs += [_pair(a, PACKAGE, answers[a], package, shares, both=False) for a in sorted(answers)]
     return sorted(pairs, key=lambda p: (-p.similarity, p.student_a, p.student_b))
 
 
-def _pair(a: str, b: str, fa: Mapping[str, CodeFingerprint], fb: Mapping[str, CodeFingerprint],
-          sa: Mapping[str, str], sb: Mapping[str, str], *, both: bool) -> Pair:
+def _pair(a: str, b: str, sa: Mapping[str, str], sb: Mapping[str, str], shares: _Shares, *, both: bool) -> Pair:
     """Sum the copied and total tokens over the tasks both sides answered (``both``: count b's side too)."""
     copied = tokens = 0.0
     tasks = []
-    for t in sorted(set(fa) & set(fb)):
-        x, y = fa[t], fb[t]
-        if not x.token_coverage or not y.token_coverage:  # nothing of one's own (the stub as released)
+    for t in sorted(set(sa) & set(sb)):
+        copied_a, copied_b, tokens_a, tokens_b = shares(t, sa[t], sb[t])
+        if not tokens_a or not tokens_b:  # nothing of one's own (the stub as released)
             continue
-        _, (share_a, share_b), _ = compare_files(x, y)
-        copied += share_a * x.token_coverage + (share_b * y.token_coverage if both else 0)
-        tokens += x.token_coverage + (y.token_coverage if both else 0)
-        task_sim = (share_a * x.token_coverage + share_b * y.token_coverage) / (x.token_coverage + y.token_coverage)
-        tasks.append((t, float(task_sim if both else share_a), sa[t], sb[t]))
+        copied += copied_a + (copied_b if both else 0)
+        tokens += tokens_a + (tokens_b if both else 0)
+        tasks.append((t, (copied_a + copied_b) / (tokens_a + tokens_b) if both else copied_a / tokens_a, sa[t], sb[t]))
     similarity = float(copied / tokens) if tokens else 0.0
     return Pair(a, b, round(similarity, 4), similarity >= THRESHOLD, tasks)
