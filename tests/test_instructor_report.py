@@ -167,11 +167,15 @@ def _stubs() -> dict[str, str]:
 
 
 def _renamed(source: str) -> str:
-    """Every name the answer defines (functions, arguments, variables) changed, and its functions in reverse order."""
+    """Every name the answer defines changed (helpers, their arguments, variables; not the graded function and
+    its arguments, which the checks call by name), and its functions in reverse order."""
     tree = ast.parse(source)
+    graded = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name in TASKS]
+    kept = {n.name for n in graded} | {a.arg for n in graded for a in ast.walk(n.args) if isinstance(a, ast.arg)}
     defined = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
     defined |= {n.arg for n in ast.walk(tree) if isinstance(n, ast.arg)}
-    defined |= {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    defined = (defined | {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+               ) - kept
     new = {name: f"v{i}_{name[::-1].strip('_')}x" for i, name in enumerate(sorted(defined))}
     tokens, previous = [], None
     for tok in tokenize.generate_tokens(io.StringIO(source).readline):
@@ -209,8 +213,9 @@ def package() -> dict[str, str]:
     return {t: similarity.package_source(names) for t, names in module.PACKAGE_ANSWERS.items()}
 
 
-@pytest.mark.parametrize("answers", [LOOPS, COMPACT], ids=["loops", "compact"])
-def test_the_independent_solutions_are_correct(answers):
+@pytest.mark.parametrize("name", ["loops", "compact", "renamed-copy"])
+def test_the_independent_solutions_and_the_copy_are_correct(name):
+    answers = {"loops": LOOPS, "compact": COMPACT}.get(name) or {t: _renamed(s) for t, s in LOOPS.items()}
     assert _run_checks(answers) == []
 
 
