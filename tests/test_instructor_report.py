@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import csv
+import html
 import io
 import os
 import re
@@ -236,6 +237,9 @@ def test_copies_are_flagged_and_independent_solutions_are_not(package):
             assert (a, b) not in flagged, pairs[a, b].similarity
     # a short forced function written alike does not flag a pair on its own
     assert ("compact", "same-forced-function") in pairs and pairs["loops", "same-forced-function"].flagged is False
+    _, _, a, _, spans_a, _ = pairs["loops", "renamed-copy"].tasks[0]  # chunked_attention, shown side by side
+    marked = report._marked(a, spans_a)
+    assert "<mark>" in marked and re.sub("</?mark>", "", marked) == html.escape(a)
     task = dict((t, s) for t, s, *_ in pairs["loops", "same-forced-function"].tasks)
     assert task["measure_peak"] == pytest.approx(1.0) and task["chunked_attention"] < similarity.THRESHOLD
 

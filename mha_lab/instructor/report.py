@@ -261,8 +261,8 @@ SIDE_BY_SIDE = 40  # flagged pairs shown side by side (the most similar first); 
 CSS = """body{font:15px/1.45 system-ui,sans-serif;max-width:72rem;margin:2rem auto;padding:0 1rem;color:#222}
 table{border-collapse:collapse;margin:.5rem 0 1.5rem}td,th{border:1px solid #ccc;padding:.25rem .5rem;
 text-align:left;vertical-align:top}th{background:#f3f3f3}figure{margin:1rem 0}figcaption{font-size:.9rem}
-.pair{display:grid;grid-template-columns:1fr 1fr;gap:.75rem}pre{background:#f7f7f7;padding:.5rem;
-white-space:pre-wrap;font-size:12px;margin:0}"""
+mark{background:#fde68a}.pair{display:grid;grid-template-columns:1fr 1fr;gap:.75rem}pre{background:#f7f7f7;
+padding:.5rem;white-space:pre-wrap;font-size:12px;margin:0}"""
 
 
 def _html_table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -287,16 +287,30 @@ def _html(data: ClassData, counts: dict, stats: list, groups: list, flagged: lis
              "tokens found in the other answer, over all tasks); every pair is in similarity.csv.</p>",
              _html_table(["student a", "student b", "similarity"],
                          [[p.student_a, p.student_b, f"{p.similarity:.2f}"] for p in flagged] or [["none", "", ""]])]
-    if len(flagged) > SIDE_BY_SIDE:
-        parts.append(f"<p>Side by side below: the {SIDE_BY_SIDE} most similar of the {len(flagged)} flagged pairs.</p>")
-    for p in flagged[:SIDE_BY_SIDE]:
+    shown = [p for p in flagged if p.student_b == similarity.PACKAGE]
+    shown += [p for p in flagged if p.student_b != similarity.PACKAGE][:SIDE_BY_SIDE]
+    if len(shown) < len(flagged):
+        parts.append(f"<p>Side by side below: the pairs with mha_lab and the {SIDE_BY_SIDE} most similar pairs of "
+                     f"students, of {len(flagged)} flagged pairs.</p>")
+    for p in shown:
         parts.append(f"<h3>{e(p.student_a)} and {e(p.student_b)}: {p.similarity:.2f}</h3>")
-        for task, sim, a, b in p.tasks:
-            parts.append(f"<h4>{e(task)}: {sim:.2f}</h4><div class='pair'><pre>{e(a)}</pre><pre>{e(b)}</pre></div>")
+        for task, sim, a, b, spans_a, spans_b in p.tasks:
+            parts.append(f"<h4>{e(task)}: {sim:.2f}</h4><div class='pair'><pre>{_marked(a, spans_a)}</pre>"
+                         f"<pre>{_marked(b, spans_b)}</pre></div>")
     if data.late:
         parts += ["<h2>Late</h2>", _html_table(["student", "hours late"],
                                                [[s, f"{h:.1f}"] for s, h in sorted(data.late.items())])]
     return "".join(parts) + "</body></html>\n"
+
+
+def _marked(code: str, spans: Sequence[tuple[int, int]]) -> str:
+    """``code`` escaped for HTML, its ``spans`` (found in the other answer) in <mark>."""
+    out, at = [], 0
+    for start, end in sorted(spans):
+        start = max(start, at)
+        out += [html.escape(code[at:start]), f"<mark>{html.escape(code[start:end])}</mark>"] if end > start else []
+        at = max(at, end)
+    return "".join(out) + html.escape(code[at:])
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -24,6 +24,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from itertools import combinations
 
+import numpy as np
 from copydetect import CodeFingerprint, compare_files
 
 __all__ = ["PACKAGE", "THRESHOLD", "NOISE", "Pair", "package_source", "compare"]
@@ -40,13 +41,14 @@ WINDOW = 1  # winnowing window: every k-gram is a fingerprint (answers are short
 
 @dataclass
 class Pair:
-    """Two submissions (or one and the package) compared; ``tasks``: (task, similarity, answer a, answer b)."""
+    """Two submissions (or one and the package) compared; ``tasks``: (task, similarity, answer a, answer b,
+    spans of a and of b found in the other: (start, end) character offsets)."""
 
     student_a: str
     student_b: str
     similarity: float
     flagged: bool
-    tasks: list[tuple[str, float, str, str]] = field(default_factory=list)
+    tasks: list[tuple[str, float, str, str, list[tuple[int, int]], list[tuple[int, int]]]] = field(default_factory=list)
 
 
 def package_source(names: Iterable[str]) -> str:
@@ -73,19 +75,23 @@ def _fingerprint(code: str, boilerplate: Iterable[int] = ()) -> CodeFingerprint:
 
 class _Shares:
     """Fingerprints and overlaps, computed once per distinct answer and pair of answers (a generated class, or
-    a class of copies, repeats them): (task, code a, code b) -> (copied tokens of a, of b, tokens of a, of b)."""
+    a class of copies, repeats them): (task, code a, code b) -> (copied tokens of a, of b, tokens of a, of b,
+    copied spans of a, of b)."""
 
     def __init__(self, stubs: Mapping[str, str]) -> None:
         self.boiler = {t: _fingerprint(s).hashes for t, s in stubs.items()}
         self.prints: dict[tuple[str, str], CodeFingerprint] = {}
-        self.done: dict[tuple[str, str, str], tuple[float, float, int, int]] = {}
+        self.done: dict[tuple[str, str, str], tuple] = {}
 
-    def __call__(self, task: str, a: str, b: str) -> tuple[float, float, int, int]:
+    def __call__(self, task: str, a: str, b: str) -> tuple[float, float, int, int, list, list]:
         if (task, a, b) not in self.done:
             x, y = (self.prints.setdefault((task, c), _fingerprint(c, self.boiler.get(task, ()))) for c in (a, b))
-            shares = compare_files(x, y)[1] if x.token_coverage and y.token_coverage else (0.0, 0.0)
+            shares, spans = (0.0, 0.0), ([], [])
+            if x.token_coverage and y.token_coverage:
+                _, shares, slices = compare_files(x, y)  # slices: 2 x n arrays of starts and ends in the code
+                spans = tuple([(int(i), int(j)) for i, j in np.asarray(sl).reshape(2, -1).T] for sl in slices)
             self.done[task, a, b] = (shares[0] * x.token_coverage, shares[1] * y.token_coverage,
-                                     x.token_coverage, y.token_coverage)
+                                     x.token_coverage, y.token_coverage, *spans)
         return self.done[task, a, b]
 
 
@@ -105,11 +111,12 @@ def _pair(a: str, b: str, sa: Mapping[str, str], sb: Mapping[str, str], shares: 
     copied = tokens = 0.0
     tasks = []
     for t in sorted(set(sa) & set(sb)):
-        copied_a, copied_b, tokens_a, tokens_b = shares(t, sa[t], sb[t])
+        copied_a, copied_b, tokens_a, tokens_b, spans_a, spans_b = shares(t, sa[t], sb[t])
         if not tokens_a or not tokens_b:  # nothing of one's own (the stub as released)
             continue
         copied += copied_a + (copied_b if both else 0)
         tokens += tokens_a + (tokens_b if both else 0)
-        tasks.append((t, (copied_a + copied_b) / (tokens_a + tokens_b) if both else copied_a / tokens_a, sa[t], sb[t]))
+        tasks.append((t, (copied_a + copied_b) / (tokens_a + tokens_b) if both else copied_a / tokens_a, sa[t], sb[t],
+                      spans_a, spans_b))
     similarity = float(copied / tokens) if tokens else 0.0
     return Pair(a, b, round(similarity, 4), similarity >= THRESHOLD, tasks)
