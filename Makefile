@@ -49,7 +49,7 @@ student-pack: $(STAMP)
 	$(BIN)/python -m mha_lab student-pack
 
 # Grade submitted/ (A=<assignment>, or every assignment with submissions), each submission in a
-# sandbox; writes gradebook.db, feedback/ and grades_<assignment>.csv. E.g. GRADE_ARGS="--jobs 4".
+# sandbox; writes gradebook.db, feedback/, grades_<assignment>.csv and reports/<assignment>/. E.g. GRADE_ARGS="--jobs 4".
 grade: $(STAMP)
 	$(BIN)/python -m mha_lab.grading $(A) --course . --jobs 2 $(GRADE_ARGS)
 

@@ -1,7 +1,8 @@
 """``python -m mha_lab.grading [assignment] --course DIR --jobs N ...`` (``make grade A=...``).
 
 Grades every submission of the assignment (of every assignment with submissions when none is
-named), each in its own sandbox, and writes the gradebook, feedback and ``grades_<a>.csv``.
+named), each in its own sandbox, and writes the gradebook, feedback, ``grades_<a>.csv`` and the class
+report ``reports/<a>/`` (``mha_lab.instructor.report``).
 Exit status 0 when grading ran (whatever the students scored); 1 when it could not.
 """
 
