@@ -338,7 +338,8 @@ def test_report_files_and_cli(small_class, capsys):
     assert [float(r["similarity"]) for r in rows] == sorted((float(r["similarity"]) for r in rows), reverse=True)
     md = (out / "report.md").read_text()
     assert "| 2 | f | off-by-one + wrong-sign | says off-by-one; says wrong-sign | bob, dee |" in md
-    assert "submitted: 7, graded: 5, not graded: 2, late: 4" in md
+    assert "submitted: 7, graded: 5, not graded: 2, late: 4" in md and "](scores.svg)" in md
+    assert (out / "scores.svg").read_text().startswith("<svg")
     page = (out / "index.html").read_text()
     assert "<svg" in page and "Figure 1." in page and not re.search(r"""(src|href)=["']?(http|//)""", page)
     with pytest.raises(SystemExit):

@@ -1,4 +1,5 @@
-"""The class report of one graded assignment: ``reports/<a>/index.html``, ``report.md`` and ``similarity.csv``.
+"""The class report of one graded assignment: ``reports/<a>/index.html``, ``report.md`` (with ``scores.svg``)
+and ``similarity.csv``.
 
 ``python -m mha_lab report <a> --course DIR`` (``make report A=<a>``; ``make grade`` writes it too) reads the
 gradebook (nbgrader's API) and the autograded notebooks, and grades nothing again:
@@ -209,7 +210,7 @@ def _fmt(x: float | None, digits: int = 2) -> str:
 
 
 def build(root: Path, assignment: str) -> Path:
-    """Write ``reports/<a>/index.html``, ``report.md`` and ``similarity.csv``; returns the folder."""
+    """Write ``reports/<a>/index.html``, ``report.md``, ``scores.svg`` and ``similarity.csv``; returns the folder."""
     root = Path(root).resolve()
     data = read_class(root, assignment)
     stats, groups = cell_statistics(data), misconceptions(data)
@@ -223,8 +224,10 @@ def build(root: Path, assignment: str) -> Path:
     counts = {"submitted": len(data.submitted), "graded": len(data.scores),
               "not graded": len(data.submitted) - len(data.scores), "late": len(data.late)}
     flagged = [p for p in pairs if p.flagged]
+    svg = _histogram_svg(data)
+    (out / "scores.svg").write_text(svg)  # the figure of report.md; index.html has it inline
     (out / "report.md").write_text(_markdown(data, counts, stats, groups, flagged))
-    (out / "index.html").write_text(_html(data, counts, stats, groups, flagged, _histogram_svg(data)))
+    (out / "index.html").write_text(_html(data, counts, stats, groups, flagged, svg))
     return out
 
 
@@ -242,7 +245,9 @@ def _markdown(data: ClassData, counts: dict, stats: list, groups: list, flagged:
     lines = [f"# Class report: {data.assignment}", "",
              ", ".join(f"{k}: {v}" for k, v in counts.items()) + (f"; mean score {np.mean(totals):.2f} of "
                                                                     f"{data.max_score:g}" if totals else ""), "",
-             "## Tests cells", "", "| cell | task | points | pass rate | discrimination |", "|---|---|---|---|---|"]
+             f"![Figure 1. Scores of the {len(data.scores)} graded students (points out of {data.max_score:g}).]"
+             "(scores.svg)", "", "## Tests cells", "", "| cell | task | points | pass rate | discrimination |",
+             "|---|---|---|---|---|"]
     lines += ["| " + " | ".join(row) + " |" for row in _table_rows(stats)]
     lines += ["", "## Misconceptions", "", "| students | task | bug | what the checks say | who |",
               "|---|---|---|---|---|"]
