@@ -206,6 +206,28 @@ def _student_right(student, Q, K, V, block, causal) -> bool:
     return isinstance(out, np.ndarray) and _close(out, _attention(Q, K, V, causal))
 
 
+def _online(Q, K, V, block, causal, *, rescale_acc=True, carry_max=True) -> np.ndarray:
+    """The online softmax tile by tile, with one of its two slips when asked: the accumulator not rescaled by
+    exp(m_old - m_new), or the running max not carried to the next key block (it stays -inf)."""
+    L, d = Q.shape[2], Q.shape[3]
+    out = np.empty(Q.shape[:3] + V.shape[-1:])
+    for qs in range(0, L, block):
+        q = Q[:, :, qs:qs + block] / np.sqrt(d)  # (B, h, bq, d)
+        m = np.full(q.shape[:3] + (1,), -np.inf)
+        l, acc = np.zeros_like(m), np.zeros(q.shape[:3] + V.shape[-1:])
+        for ks in range(0, min(qs + block, L) if causal else L, block):
+            S = q @ K[:, :, ks:ks + block].transpose(0, 1, 3, 2)  # (B, h, bq, bk)
+            if causal:
+                S = np.where(np.arange(ks, ks + S.shape[-1]) > np.arange(qs, qs + S.shape[-2])[:, None], -np.inf, S)
+            m_new = np.maximum(m, S.max(axis=-1, keepdims=True))
+            P, alpha = np.exp(S - m_new), np.exp(m - m_new)
+            l = alpha * l + P.sum(axis=-1, keepdims=True)
+            acc = (alpha * acc if rescale_acc else acc) + P @ V[:, :, ks:ks + block]
+            m = m_new if carry_max else m
+        out[:, :, qs:qs + block] = acc / l
+    return out
+
+
 def _chunked_hint(student, out, Q, K, V, block, causal=False) -> str | None:
     """Name the likely bug by probing the student's function on simpler cases; None when no probe tells."""
     L = Q.shape[2]
@@ -219,9 +241,12 @@ def _chunked_hint(student, out, Q, K, V, block, causal=False) -> str | None:
             return ("the last, partial block is skipped or cut wrong: loop over ceil(L / block_size) blocks and end "
                     "each block at min(start + block_size, L) [bug: partial-block]")
     if block < L and _student_right(student, Q, K, V, L, causal):
+        slip = next((bug for bug, kw in (("acc-not-rescaled", {"rescale_acc": False}),
+                                         ("max-not-carried", {"carry_max": False}))
+                     if np.isfinite(out).all() and _close(out, _online(Q, K, V, block, causal, **kw))), "no-rescale")
         return ("right with one block, wrong across several: when the running maximum grows, rescale the "
                 "accumulator and the normaliser by exp(m_old - m_new), and carry the running max m forward"
-                " [bug: no-rescale]")
+                f" [bug: {slip}]")
     d = Q.shape[-1]
     if np.isfinite(out).all() and _close(out, _attention(Q / np.sqrt(d), K, V, causal)):
         return "the scores are divided by d instead of sqrt(d) [bug: scale-d-not-sqrt]"
