@@ -85,7 +85,10 @@ class _Shares:
 
     def __call__(self, task: str, a: str, b: str) -> tuple[float, float, int, int, list, list]:
         if (task, a, b) not in self.done:
-            x, y = (self.prints.setdefault((task, c), _fingerprint(c, self.boiler.get(task, ()))) for c in (a, b))
+            for c in (a, b):
+                if (task, c) not in self.prints:
+                    self.prints[task, c] = _fingerprint(c, self.boiler.get(task, ()))
+            x, y = self.prints[task, a], self.prints[task, b]
             shares, spans = (0.0, 0.0), ([], [])
             if x.token_coverage and y.token_coverage:
                 _, shares, slices = compare_files(x, y)  # slices: 2 x n arrays of starts and ends in the code
