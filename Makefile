@@ -7,10 +7,10 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 A ?=
 
-.PHONY: help book test assignments student-pack grade bench serve lint clean
+.PHONY: help book test assignments student-pack grade report bench serve lint clean
 
 help:
-	@echo "make book | test | assignments | student-pack | grade [A=<assignment>] | bench | serve | lint | clean"
+	@echo "make book | test | assignments | student-pack | grade [A=<assignment>] | report A=<assignment> | bench | serve | lint | clean"
 
 # (Re)create the virtual environment whenever requirements.txt changes.
 $(STAMP): requirements.txt pyproject.toml
@@ -52,10 +52,18 @@ student-pack: $(STAMP)
 
 # Grade submitted/ (A=<assignment>, or every assignment with submissions), each submission in a
 # sandbox; writes gradebook.db (with timestamps and late penalties: timestamp.txt, the due date,
-# extensions.csv, nbgrader_config.py), feedback/ and grades_<assignment>.csv. E.g. GRADE_ARGS="--jobs 4".
+# extensions.csv, nbgrader_config.py), feedback/, grades_<assignment>.csv and
+# reports/<assignment>/ (the class report; make report A=... rebuilds it alone). E.g.
+# GRADE_ARGS="--jobs 4".
 # Grades into Canvas or another LMS: python -m mha_lab export --canvas <export>.csv --out <file>.
 grade: $(STAMP)
 	$(BIN)/python -m mha_lab.grading $(A) --course . --jobs 2 $(GRADE_ARGS)
+
+# The class report of a graded assignment, reports/<A>/ (index.html, report.md, similarity.csv), rebuilt from
+# gradebook.db and autograded/ without grading again (make grade writes it too).
+report: $(STAMP)
+	test -n "$(A)" || { echo "make report A=<assignment>" >&2; exit 2; }
+	$(BIN)/python -m mha_lab report $(A) --course .
 
 bench: $(STAMP)
 	$(BIN)/python -m mha_lab bench $(BENCH_ARGS)
@@ -67,4 +75,4 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 
 clean:
-	rm -rf _build autograded feedback gradebook.db
+	rm -rf _build autograded feedback gradebook.db reports

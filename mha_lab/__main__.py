@@ -36,6 +36,8 @@ COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
                 "build the Triton kernel for an A100 and an H100 without a GPU: shared memory, registers, spills"),
     "grade": (_module("mha_lab.grading.__main__"),
               "grade submissions, each in a sandbox, judged outside it (make grade A=...; --help for options)"),
+    "report": (_module("mha_lab.instructor.report"),
+               "the class report of a graded assignment: scores, cells, misconceptions, similar answers (make report)"),
     "decode": (_module("mha_lab.plots.decode"),
                "time one decoding step against context length (MHA, GQA, MQA) and print decode's FLOPs per byte"),
     "release-values": (_module("mha_lab.instructor.release_values"),

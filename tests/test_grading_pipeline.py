@@ -20,6 +20,8 @@ import pytest
 
 from mha_lab.grading import batch, report
 from mha_lab.instructor.classroom import answer_cell, fill_release, mutants, submit
+from mha_lab.instructor.report import build as build_report
+from mha_lab.instructor.report import misconceptions, read_class
 
 REPO = Path(__file__).resolve().parents[1]
 ASSIGNMENTS = sorted(p.name for p in (REPO / "solutions").iterdir() if (p / f"{p.name}.ipynb").is_file())
@@ -116,6 +118,32 @@ def test_mutant_loses_exactly_its_points(graded, assignment, index, mutant):
     assert all(cells[g].score == 0 for g in mutant.breaks), f"partial points for a broken property: {r.cells}"
     text = feedback_text(graded["_course"], mutant_student(index), assignment)
     assert mutant.feedback in text, f"mutant {mutant.name!r}: feedback does not say {mutant.feedback!r}"
+
+
+# Mutants the checks cannot tell apart: they fail the same check with the same words (one keeps every head's
+# weights, the other builds the full score tensor: the same peak, the same output), so the class report puts
+# their students into one group.
+SAME_DIAGNOSIS = [{"every_head_kept_alive", "full_score_tensor_built"}]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("assignment", ASSIGNMENTS)
+def test_class_report_groups_each_mutant_with_exactly_its_students(graded, assignment):
+    course = graded["_course"]
+    out = build_report(course, assignment)
+    groups = misconceptions(read_class(course, assignment))
+    found = {(g["task"], frozenset(g["students"])): g for g in groups}
+    names = [m.name for m in mutants(assignment)]
+    for i, m in enumerate(mutants(assignment)):
+        twins = next((same for same in SAME_DIAGNOSIS if m.name in same), {m.name})
+        who = frozenset(mutant_student(names.index(n)) for n in twins)
+        group = found.get((m.grade_id.removeprefix("ans_"), who))
+        assert group, (f"mutant {m.name!r}: no misconception group of exactly {sorted(who)}; groups with it: "
+                       f"{[g for g in groups if mutant_student(i) in g['students']]}")
+        assert any(m.feedback in said for said in group["says"].values()), (m.feedback, group)
+    blank = [g for g in groups if RELEASE_STUDENT in g["students"]]
+    assert blank and all(g["bugs"] == ["not-implemented"] and g["students"] == [RELEASE_STUDENT] for g in blank)
+    assert "## Misconceptions" in (out / "report.md").read_text()
 
 
 @pytest.mark.slow

@@ -1,8 +1,9 @@
 """``python -m mha_lab.grading [assignment] --course DIR --jobs N ...`` (``make grade A=...``).
 
 Grades every submission of the assignment (of every assignment with submissions when none is
-named), each in its own sandbox, and writes the gradebook, feedback and ``grades_<a>.csv``; then
-records submission times, extensions and late penalties (``mha_lab.instructor.term``).
+named), each in its own sandbox, and writes the gradebook, feedback, ``grades_<a>.csv`` and the class
+report ``reports/<a>/`` (``mha_lab.instructor.report``); then records submission times, extensions and
+late penalties (``mha_lab.instructor.term``).
 Exit status 0 when grading ran (whatever the students scored); 1 when it could not.
 """
 
@@ -15,6 +16,7 @@ from pathlib import Path
 
 from mha_lab.grading import batch, course, report, sandbox
 from mha_lab.instructor import term
+from mha_lab.instructor.report import build as build_report
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -59,7 +61,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(report.summary_table(results, late=late, unsafe=limits.unsafe))
             out = root / f"grades_{a}.csv"
             report.write_csv(results, out, everyone=course.students(root), late=late)
-            print(f"\nwrote {out}; gradebook {root / 'gradebook.db'}, feedback in {root / 'feedback'}\n")
+            print(f"\nwrote {out}; gradebook {root / 'gradebook.db'}, feedback in {root / 'feedback'}, "
+                  f"class report in {build_report(root, a)}\n")
     return 0
 
 

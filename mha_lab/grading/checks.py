@@ -1,13 +1,16 @@
 """The helpers every hidden check is written with, in three steps, so that the call runs in the sandbox and
 the judging in the grader: (1) make seeded inputs on shapes the visible tests do not use; (2) ``out =
 call(student, "name", *args)``; (3) judge with ``expect_array`` / ``expect_close`` / ``expect_true`` /
-``expect_within_budget``. Every failure is an ``AssertionError`` naming the property and the likely bug.
+``expect_within_budget``. Every failure is an ``AssertionError`` naming the property and the likely bug, and
+ending with the bug's stable id, ``[bug: <id>]`` (``BUG_TAG``; every hint of a hidden check ends with one): the
+class report groups failures by these ids, so rewording a hint never splits or merges its group.
 """
 
 from __future__ import annotations
 
 import copy
 import importlib
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,8 +21,16 @@ from mha_lab.grading.worker import SmoothLoss
 from mha_lab.measure import traced_memory
 from mha_lab.testing import tolerances
 
-__all__ = ["call", "call_with_peak", "call_replacing", "invoke", "expect_array", "expect_close", "expect_true",
-           "expect_within_budget", "SmoothLoss"]
+__all__ = ["BUG_TAG", "bug_ids", "call", "call_with_peak", "call_replacing", "invoke", "expect_array", "expect_close",
+           "expect_true", "expect_within_budget", "SmoothLoss"]
+
+
+BUG_TAG = re.compile(r"\[bug: ([a-z0-9]+(?:-[a-z0-9]+)*)\]")  # a likely bug's stable id, e.g. [bug: scale-d-model]
+
+
+def bug_ids(message: str) -> list[str]:
+    """The bug ids a failure message names, in order ([] when it names none)."""
+    return BUG_TAG.findall(message)
 
 
 def call(student: Any, name: str, *args: Any, **kwargs: Any) -> Any:
@@ -76,16 +87,19 @@ def _describe(value: Any) -> str:
 # --- judging -------------------------------------------------------------------------------------
 
 
+NONFINITE = "overflow in exp (softmax without subtracting the max?) or a wrong mask [bug: nonfinite]"
+
+
 def expect_array(value: Any, *, what: str, shape: tuple[int, ...], dtype: Any = np.float64,
-                 hint: str = "overflow in exp (softmax without subtracting the max?) or a wrong mask") -> np.ndarray:
+                 hint: str = NONFINITE) -> np.ndarray:
     """Type, shape, dtype and finiteness, in that order, each failure naming ``what``; ``hint`` is the
     likely bug when entries are NaN or inf."""
     if type(value) is not np.ndarray:
-        raise AssertionError(f"{what}: expected a numpy.ndarray, got {type(value).__name__}")
+        raise AssertionError(f"{what}: expected a numpy.ndarray, got {type(value).__name__} [bug: not-an-array]")
     if value.shape != tuple(shape):
-        raise AssertionError(f"{what}: expected shape {tuple(shape)}, got {value.shape}")
+        raise AssertionError(f"{what}: expected shape {tuple(shape)}, got {value.shape} [bug: wrong-shape]")
     if dtype is not None and value.dtype != np.dtype(dtype):
-        raise AssertionError(f"{what}: expected dtype {np.dtype(dtype)}, got {value.dtype}")
+        raise AssertionError(f"{what}: expected dtype {np.dtype(dtype)}, got {value.dtype} [bug: wrong-dtype]")
     if not np.isfinite(value).all():
         bad = int(np.size(value) - np.isfinite(value).sum())
         raise AssertionError(f"{what}: {bad} entries are NaN or inf. Likely bug: {hint}")
@@ -96,7 +110,7 @@ def expect_close(actual: np.ndarray, expected: np.ndarray, *, what: str, hint: s
     """Values within ``mha_lab.testing.tolerances`` of the reference; else name the likely bug."""
     actual, expected = np.asarray(actual), np.asarray(expected)
     if actual.shape != expected.shape:
-        raise AssertionError(f"{what}: expected shape {expected.shape}, got {actual.shape}")
+        raise AssertionError(f"{what}: expected shape {expected.shape}, got {actual.shape} [bug: wrong-shape]")
     tol = tolerances(expected.dtype)
     err = np.abs(actual - expected)
     if not (err <= tol["atol"] + tol["rtol"] * np.abs(expected)).all():

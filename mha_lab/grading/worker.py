@@ -167,19 +167,21 @@ def call(namespace: Mapping[str, Any], name: str, args: tuple, kwargs: dict, rep
     fn = namespace.get(name)
     if not callable(fn):
         refused = "".join(f"; {NOT_AVAILABLE.format(m)}" for m in sorted(_Refuse.seen))
-        raise AssertionError(f"`{name}` should be a function, got {type(fn).__name__}" if name in namespace else
-                             f"`{name}` is not defined: run the cell that defines it, and keep its name{refused}")
+        raise AssertionError(f"`{name}` should be a function, got {type(fn).__name__} [bug: not-a-function]"
+                             if name in namespace else f"`{name}` is not defined: run the cell that defines it, "
+                             f"and keep its name{refused} [bug: {'uses-mha-lab' if refused else 'not-defined'}]")
     scope = getattr(fn, "__globals__", {})
     saved = {attr: scope[attr] for attr in (replace or {}) if attr in scope}
     scope.update({attr: replace[attr] for attr in saved})
     try:
         return fn(*args, **kwargs)
     except NotImplementedError:
-        raise AssertionError(f"`{name}` is not implemented yet (NotImplementedError)") from None
+        raise AssertionError(f"`{name}` is not implemented yet (NotImplementedError) [bug: not-implemented]") from None
     except TypeError as exc:
-        raise AssertionError(f"`{name}` raised TypeError: {exc} (check its signature)") from None
+        raise AssertionError(f"`{name}` raised TypeError: {exc} (check its signature) [bug: signature]") from None
     except Exception as exc:  # noqa: BLE001 - any error of the student's code loses the points, with its reason
-        raise AssertionError(f"`{name}` raised {type(exc).__name__}: {exc}") from None
+        bug = "uses-mha-lab" if "not available when graded" in str(exc) else f"raises-{type(exc).__name__.lower()}"
+        raise AssertionError(f"`{name}` raised {type(exc).__name__}: {exc} [bug: {bug}]") from None
     finally:
         scope.update(saved)
 

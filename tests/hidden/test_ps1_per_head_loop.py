@@ -11,15 +11,21 @@ import numpy as np
 from mha_lab.cpu import MultiHeadAttention, create_causal_mask, merge_heads, scaled_dot_product_attention, split_heads
 from mha_lab.grading import checks
 
+# the package's own code for each task (the book prints it): what the class report's similarity compares answers with
+PACKAGE_ANSWERS = {"split_heads": ["mha_lab.cpu.split_heads"], "merge_heads": ["mha_lab.cpu.merge_heads"],
+                   "attention": ["mha_lab.cpu.scaled_dot_product_attention", "mha_lab.cpu.softmax"],
+                   "mha_forward_loop": ["mha_lab.cpu.per_head.per_head_attention", "mha_lab.cpu.per_head.head_forward",
+                                        "mha_lab.cpu.per_head.head_slices"]}
 REFERENCE_ATTENTION = {"attention": "mha_lab.cpu.scaled_dot_product_attention"}
 SPLIT_HINT = ("(B, L, d_model) -> (B, L, h, d_k) -> (B, h, L, d_k): reshape first, then transpose. "
-              "Did you reshape without transposing, or transpose before reshaping?")
+              "Did you reshape without transposing, or transpose before reshaping? [bug: split-layout]")
 MERGE_HINT = ("(B, h, L, d_k) -> (B, L, h, d_k) -> (B, L, d_model): transpose first, then reshape. "
-              "Did you reshape without transposing?")
-SCALE_HINT = "scale the scores by 1/sqrt(d_k), with d_k = Q.shape[-1] (not 1/d_k, not 1/sqrt(d_model))"
+              "Did you reshape without transposing? [bug: merge-layout]")
+SCALE_HINT = ("scale the scores by 1/sqrt(d_k), with d_k = Q.shape[-1] (not 1/d_k, not 1/sqrt(d_model))"
+              " [bug: scale-not-sqrt-d-k]")
 MASK_HINT = ("the additive mask is 0 where attention is allowed and -inf where it is not: add it to the "
-             "scores before the softmax. Is the mask inverted?")
-STABILITY_HINT = "softmax without subtracting the row maximum overflows: exp(1000) is inf"
+             "scores before the softmax. Is the mask inverted? [bug: mask-inverted]")
+STABILITY_HINT = "softmax without subtracting the row maximum overflows: exp(1000) is inf [bug: softmax-overflow]"
 
 
 def _rng(salt: int) -> np.random.Generator:
@@ -45,7 +51,17 @@ def test_split_heads_values(student):
 
     checks.expect_array(out, what="split_heads(x, 3)", shape=expected.shape)
     checks.expect_close(out, expected, what="split_heads(x, 3): head i must hold features i*d_k:(i+1)*d_k",
-                        hint=SPLIT_HINT)
+                        hint=_split_hint(out, x, 3))
+
+
+def _split_hint(out, x, h: int) -> str:
+    """SPLIT_HINT, its id naming the wrong order ``out`` shows when it is one of the two (the words stay)."""
+    B, L, d = x.shape
+    for bug, wrong in (("split-no-transpose", x.reshape(B, h, L, d // h)),
+                       ("split-transpose-first", x.transpose(0, 2, 1).reshape(B, h, L, d // h))):
+        if np.shape(out) == wrong.shape and np.allclose(out, wrong):
+            return SPLIT_HINT.replace("[bug: split-layout]", f"[bug: {bug}]")
+    return SPLIT_HINT
 
 
 def test_merge_heads_values(student):
@@ -82,7 +98,7 @@ def _judge_attention(result, Q, K, V, mask, what: str, hint: str) -> None:
     expected_out, expected_w = scaled_dot_product_attention(Q, K, V, mask)
     checks.expect_true(isinstance(result, tuple) and len(result) == 2,
                        what=f"{what}: expected a tuple (output, weights), got {type(result).__name__}",
-                       hint="return output, weights")
+                       hint="return output, weights [bug: return-output-weights]")
     out, weights = result
     checks.expect_array(weights, what=f"{what}: weights", shape=expected_w.shape, hint=hint)
     checks.expect_array(out, what=f"{what}: output", shape=expected_out.shape, hint=hint)
@@ -123,7 +139,8 @@ def test_attention_stability(student):
     result = checks.call(student, "attention", Q, K, V)
 
     checks.expect_true(isinstance(result, tuple) and len(result) == 2,
-                       what="attention must return (output, weights)", hint="return output, weights")
+                       what="attention must return (output, weights)", hint="return output, weights"
+                                                                            " [bug: return-output-weights]")
     out, weights = result
     checks.expect_array(weights, what="attention weights for scores in the thousands", shape=(3, 5, 7),
                         hint=STABILITY_HINT)
@@ -145,7 +162,7 @@ def _layer_inputs(salt: int, B: int = 3, L: int = 5, d_model: int = 12, h: int =
 def _loop_output(result, what: str):
     checks.expect_true(isinstance(result, tuple) and len(result) == 2,
                        what=f"{what}: expected a tuple (output, head_weights), got {type(result).__name__}",
-                       hint="return output, head_weights")
+                       hint="return output, head_weights [bug: return-output-head-weights]")
     return result
 
 
@@ -168,7 +185,7 @@ def test_mha_loop_values(student):
     checks.expect_array(out, what="mha_forward_loop output", shape=expected.shape)
     checks.expect_close(out, expected, what="mha_forward_loop output vs the fused layer",
                         hint="head i uses columns i*d_k:(i+1)*d_k of W_Q, W_K, W_V and rows i*d_k:(i+1)*d_k "
-                             "of W_O, and the heads' contributions are added")
+                             "of W_O, and the heads' contributions are added [bug: head-slices]")
 
 
 def test_mha_loop_mask(student):
@@ -181,7 +198,7 @@ def test_mha_loop_mask(student):
     out, _ = _loop_output(result, "mha_forward_loop with a causal mask")
     checks.expect_array(out, what="mha_forward_loop output with a causal mask", shape=expected.shape)
     checks.expect_close(out, expected, what="mha_forward_loop with a causal mask vs the fused layer",
-                        hint="pass the mask to every head's attention, and slice W_O by rows")
+                        hint="pass the mask to every head's attention, and slice W_O by rows [bug: mask-per-head]")
 
 
 def test_mha_loop_weights(student):
@@ -197,7 +214,8 @@ def test_mha_loop_weights(student):
                        what=f"head_weights: expected a list of h=3 arrays of shape (B, L, L) = (2, 5, 5), got "
                             f"{type(weights).__name__} of length {n}",
                        hint="return a list with one (B, L, L) matrix per head, not one array stacked along "
-                            "another axis")
+                            "another axis [bug: head-weights-list]")
     for i, (w, ref) in enumerate(zip(weights, expected, strict=True)):
         checks.expect_array(w, what=f"head_weights[{i}] (a list of h arrays of shape (B, L, L))", shape=ref.shape)
-        checks.expect_close(w, ref, what=f"head_weights[{i}]", hint="head i's weights come from head i's slices")
+        checks.expect_close(w, ref, what=f"head_weights[{i}]", hint="head i's weights come from head i's slices"
+                                                                    " [bug: head-weights-slices]")

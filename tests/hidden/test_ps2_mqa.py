@@ -6,6 +6,7 @@ Each check: (1) make seeded inputs on shapes the notebook's visible tests do not
 """
 
 import copy
+import re
 
 import numpy as np
 
@@ -21,15 +22,18 @@ from mha_lab.cpu import (
 )
 from mha_lab.grading import checks
 
-# mha_lab names a student function may use: helpers and model data, not answers
-
+# the package's own code for each task (the book prints it): what the class report's similarity compares answers with
+PACKAGE_ANSWERS = {"mqa_forward": ["mha_lab.cpu.GroupedQueryAttention.forward", "mha_lab.cpu.repeat_kv"],
+                   "gqa_forward": ["mha_lab.cpu.GroupedQueryAttention.forward", "mha_lab.cpu.repeat_kv"],
+                   "kv_cache_bytes": ["mha_lab.analysis.kv_cache_bytes"], "decode_step": ["mha_lab.cpu.decode_step"]}
 LAYOUT_HINT = ("(B, L, h*d_k) -> (B, L, h, d_k) -> (B, h, L, d_k) and back: reshape and transpose in that "
-               "order. Did you reshape without transposing?")
-SCALE_HINT = "scale the scores by 1/sqrt(d_k), the head size, not by 1/sqrt(d_model)"
+               "order. Did you reshape without transposing? [bug: reshape-no-transpose]")
+SCALE_HINT = "scale the scores by 1/sqrt(d_k), the head size, not by 1/sqrt(d_model) [bug: scale-d-model]"
 MASK_HINT = ("the additive mask is 0 where attention is allowed and -inf where it is not: add it to the "
-             "scores. Is the mask inverted?")
+             "scores. Is the mask inverted? [bug: mask-inverted]")
 GROUP_HINT = ("key/value head j serves query heads j*n_rep ... (j+1)*n_rep - 1: repeat each head in place "
-              "(np.repeat on the head axis, torch's repeat_interleave), not the whole stack (np.tile)")
+              "(np.repeat on the head axis, torch's repeat_interleave), not the whole stack (np.tile)"
+              " [bug: tile-not-repeat]")
 
 
 def _scale_hint(out, layer, X, mask, other: str) -> str:
@@ -40,6 +44,20 @@ def _scale_hint(out, layer, X, mask, other: str) -> str:
     if np.shape(out) == candidate.shape and np.allclose(out, candidate, rtol=1e-8, atol=1e-10):
         return SCALE_HINT
     return other
+
+
+def _group_hint(out, layer, X, mask, other: str) -> str:
+    """``_scale_hint``, or ``other`` with the one id tile-not-repeat when ``out`` is what np.tile gives: query head
+    i then meets K/V head i % g; a layer whose query heads are permuted to match shows it (the words stay)."""
+    g, n_rep, d_k = layer.num_kv_heads, layer.n_rep, layer.d_k
+    order = [r * g + j for j in range(g) for r in range(n_rep)]  # head at position j*n_rep + r is head r*g + j
+    cols = np.concatenate([np.arange(i * d_k, (i + 1) * d_k) for i in order])
+    wrong = copy.copy(layer)
+    wrong.W_Q, wrong.W_O = layer.W_Q[:, cols], layer.W_O[cols, :]
+    candidate = wrong.forward(X, mask=mask)
+    if np.shape(out) == candidate.shape and np.allclose(out, candidate, rtol=1e-8, atol=1e-10):
+        return re.sub(" " + checks.BUG_TAG.pattern, "", other) + " [bug: tile-not-repeat]"
+    return _scale_hint(out, layer, X, mask, other)
 
 
 def _gqa_inputs(salt: int, B: int, L: int, d_model: int, h: int, g: int):
@@ -104,7 +122,7 @@ def test_gqa_forward_values(student):
 
     checks.expect_array(out, what="gqa_forward output (h=6, num_kv_heads=2)", shape=expected.shape)
     checks.expect_close(out, expected, what="gqa_forward (h=6, num_kv_heads=2) vs the reference GQA layer",
-                        hint=_scale_hint(out, layer, X, None, f"{GROUP_HINT}. Or: {LAYOUT_HINT}"))
+                        hint=_group_hint(out, layer, X, None, f"{GROUP_HINT}. Or: {LAYOUT_HINT}"))
 
 
 def test_gqa_forward_values__causal(student):
@@ -116,7 +134,7 @@ def test_gqa_forward_values__causal(student):
 
     checks.expect_array(out, what="gqa_forward output with a causal mask", shape=expected.shape, hint=MASK_HINT)
     checks.expect_close(out, expected, what="gqa_forward (h=4, num_kv_heads=2, causal) vs the reference",
-                        hint=_scale_hint(out, layer, X, causal, f"{GROUP_HINT}. Or: {MASK_HINT}"))
+                        hint=_group_hint(out, layer, X, causal, f"{GROUP_HINT}. Or: {MASK_HINT}"))
 
 
 def test_gqa_forward_limits(student):
@@ -159,10 +177,11 @@ def test_kv_cache_bytes_values(student):
         what = f"kv_cache_bytes for {config.name} (L={L}, B={B}, {dtype})"
         checks.expect_true(isinstance(got, int | np.integer) and not isinstance(got, bool),
                            what=f"{what}: expected an integer number of bytes, got {type(got).__name__}",
-                           hint="multiply integers only")
+                           hint="multiply integers only [bug: bytes-not-int]")
         ratio = got / expected
-        hint = ("keys AND values are cached: did you forget the factor of 2?" if ratio == 0.5 else
-                "bytes = 2 (K and V) x n_layers x n_kv_heads x head_dim x seq_len x batch_size x bytes_per_element")
+        hint = ("keys AND values are cached: did you forget the factor of 2? [bug: no-factor-2]" if ratio == 0.5 else
+                "bytes = 2 (K and V) x n_layers x n_kv_heads x head_dim x seq_len x batch_size x bytes_per_element"
+                " [bug: kv-cache-formula]")
         checks.expect_true(got == expected, what=f"{what}: expected {expected:,} bytes, got {int(got):,}", hint=hint)
 
 
@@ -171,12 +190,14 @@ def test_kv_cache_bytes_values(student):
 
 CACHE_HEADS_HINT = ("the cache holds the g = num_kv_heads key/value heads, not the h repeated ones (that is what "
                     "makes the GQA cache h/g times smaller): append the new token's g heads, and repeat them for "
-                    "the query heads only inside the attention")
-CACHE_V_HINT = "the value cache got the new token's key: append v = x @ W_V (split into g heads) to cache_v"
-POSITION_HINT = ("the new token is the LAST row of the causal mask (position T): it sees every cached token and "
-                 "itself, so nothing of the cache is masked")
+                    "the query heads only inside the attention [bug: cache-repeated-heads]")
+CACHE_V_HINT = ("the value cache got the new token's key: append v = x @ W_V (split into g heads) to cache_v"
+                " [bug: key-in-value-cache]")
+POSITION = ("the new token is the LAST row of the causal mask (position T): it sees every cached token and "
+            "itself, so nothing of the cache is masked")
+POSITION_HINT = POSITION + " [bug: new-token-last-row]"
 SELF_HINT = ("the new token must see itself: append its key and value to the cache first, then attend over all "
-             "T + 1 of them")
+             "T + 1 of them [bug: new-token-sees-itself]")
 
 
 def _decode_problem(salt: int, B: int, L: int, d_model: int, h: int, g: int):
@@ -207,7 +228,7 @@ def _call_decode(student, x, cache_k, cache_v, layer, h, g, what):
     result = checks.call(student, "decode_step", x, cache_k, cache_v, *_weights(layer, h, g))
     checks.expect_true(isinstance(result, tuple) and len(result) == 3,
                        what=f"{what}: decode_step should return (out, cache_k, cache_v), got {type(result).__name__}",
-                       hint="return out, cache_k, cache_v")
+                       hint="return out, cache_k, cache_v [bug: return-out-caches]")
     return result
 
 
@@ -216,7 +237,7 @@ def _expect_cache_shape(cache, shape: tuple[int, ...], h: int, what: str) -> Non
     got = np.shape(cache)
     g = shape[1]
     hint = (CACHE_HEADS_HINT if len(got) == 4 and got[1] == h != g else
-            "append the new token's (B, g, 1, d_k) key and value along the position axis (axis 2)")
+            "append the new token's (B, g, 1, d_k) key and value along the position axis (axis 2) [bug: cache-axis]")
     checks.expect_true(got == shape, what=f"{what}: expected shape (B, g, T + 1, d_k) = {shape}, got {got}", hint=hint)
 
 
@@ -234,13 +255,17 @@ def _check_cache(student, salt, B, T, d_model, h, g):
         _expect_cache_shape(got, (B, g, T + 1, d_k), h, f"{what}: {name}")
         checks.expect_array(got, what=f"{what}: {name}", shape=(B, g, T + 1, d_k))
     checks.expect_close(got_k[:, :, :T], cache_k, what=f"{what}: the cached keys must stay as they were",
-                        hint="append the new key at the end (position T), do not change or reorder the cache")
+                        hint="append the new key at the end (position T), do not change or reorder the cache"
+                             " [bug: key-appended-wrong]")
     checks.expect_close(got_k[:, :, T:], new_k, what=f"{what}: the key appended at position T",
-                        hint="k = x @ W_K split into g heads: (B, 1, g*d_k) -> (B, g, 1, d_k), at the END of the cache")
+                        hint="k = x @ W_K split into g heads: (B, 1, g*d_k) -> (B, g, 1, d_k), at the END of the cache"
+                             " [bug: key-projection]")
     checks.expect_close(got_v[:, :, :T], cache_v, what=f"{what}: the cached values must stay as they were",
-                        hint="append the new value at the end (position T), do not change or reorder the cache")
+                        hint="append the new value at the end (position T), do not change or reorder the cache"
+                             " [bug: value-appended-wrong]")
     v_hint = CACHE_V_HINT if np.allclose(got_v[:, :, T:], new_k) else (
-        "v = x @ W_V split into g heads: (B, 1, g*d_k) -> (B, g, 1, d_k), at the END of the cache")
+        "v = x @ W_V split into g heads: (B, 1, g*d_k) -> (B, g, 1, d_k), at the END of the cache"
+        " [bug: value-projection]")
     checks.expect_close(got_v[:, :, T:], new_v, what=f"{what}: the value appended at position T", hint=v_hint)
 
 
@@ -264,11 +289,11 @@ def _decode_hint(layer, X, T, out, cache_k, cache_v) -> str:
     if T > 0 and same(_attend(layer, x, cache_k, cache_v)):
         return SELF_HINT
     if T > 0 and same(_attend(layer, x, K[:, :, :1], V[:, :, :1])):
-        return POSITION_HINT + " (your new token saw only token 0: the FIRST row of the mask)"
+        return POSITION + " (your new token saw only token 0: the FIRST row of the mask) [bug: first-row-of-mask]"
     if same(_attend(layer, x, K, np.concatenate([cache_v, new_k], axis=2))):
         return CACHE_V_HINT
-    return (f"{POSITION_HINT}. Also: q, k, v = x @ W split into h, g, g heads; repeat each cached key/value head "
-            f"h/g times in place (np.repeat on axis 1); scale by 1/sqrt(d_k)")
+    return (f"{POSITION}. Also: q, k, v = x @ W split into h, g, g heads; repeat each cached key/value head "
+            f"h/g times in place (np.repeat on axis 1); scale by 1/sqrt(d_k) [bug: decode-projection]")
 
 
 def _check_values(student, salt, B, T, d_model, h, g):
@@ -311,7 +336,7 @@ def _check_sequence(student, salt, B, prompt, L, d_model, h, g):
     got = np.concatenate(outs, axis=1)  # (B, L - prompt, d_model)
     checks.expect_close(got, expected[:, prompt:], what=f"{what} vs the causal forward of the whole sequence",
                         hint="the caches you return are what the next step receives: return them with the new "
-                             f"token's key and value appended, g = {g} heads each. " + POSITION_HINT)
+                             f"token's key and value appended, g = {g} heads each. {POSITION} [bug: sequence-caches]")
 
 
 def test_decode_step_sequence__gqa_prompt_7(student):

@@ -13,6 +13,11 @@ import numpy as np
 from mha_lab.cpu import MultiHeadAttention, create_causal_mask, scaled_dot_product_attention
 from mha_lab.grading import checks
 
+# the package's own code for each task (the book prints it): what the class report's similarity compares answers with
+PACKAGE_ANSWERS = {"measure_peak": ["mha_lab.measure.traced_memory"],
+                   "head_by_head_forward": ["mha_lab.cpu.head_by_head_forward"],
+                   "chunked_attention": ["mha_lab.cpu.chunked_attention"]}
+
 MiB = 2**20
 
 
@@ -22,12 +27,13 @@ def _expect_computed(out, expected: np.ndarray, what: str) -> None:
     got = out.shape if isinstance(out, np.ndarray) else type(out).__name__
     checks.expect_true(isinstance(out, np.ndarray) and out.shape == expected.shape,
                        what=f"{what}: expected an array of shape {expected.shape}, got {got}",
-                       hint="return the output array")
+                       hint="return the output array [bug: return-output]")
     ok = np.isfinite(out).all() and np.allclose(out, expected, rtol=1e-6, atol=1e-9)
     checks.expect_true(ok, what=f"{what}: the output of the measured call is wrong (max abs error "
                        f"{float(np.nanmax(np.abs(out - expected))) if out.size else 0:.3g}), and a wrong result "
                        "earns no memory points", hint="memory is judged for the computation asked for: make the "
-                       "values right (the values cells name the bug), then the memory counts")
+                       "values right (the values cells name the bug), then the memory counts "
+                       "[bug: measured-output-wrong]")
 
 
 # --- measure_peak --------------------------------------------------------------------------------
@@ -41,19 +47,20 @@ def test_measure_peak_values(student):
     # 3. judge
     checks.expect_true(isinstance(result, tuple) and len(result) == 2,
                        what="measure_peak should return a pair (result, peak_bytes)",
-                       hint="return fn's result and the peak, e.g. `return result, peak`")
+                       hint="return fn's result and the peak, e.g. `return result, peak` [bug: return-result-peak]")
     value, peak = result
     checks.expect_true(np.isscalar(value) and np.isclose(value, np.std(x)),
                        what=f"measure_peak returned {value!r} as fn's result, expected np.std(x) = {np.std(x):.6f}",
-                       hint="call fn(*args, **kwargs) exactly once and return what it returns")
+                       hint="call fn(*args, **kwargs) exactly once and return what it returns [bug: call-fn-once]")
     checks.expect_true(isinstance(peak, (int, np.integer)),
                        what=f"peak_bytes should be an int (bytes), got {type(peak).__name__}",
-                       hint="tracemalloc.get_traced_memory() returns ints: (current, peak)")
+                       hint="tracemalloc.get_traced_memory() returns ints: (current, peak) [bug: peak-not-int]")
     checks.expect_true(x.nbytes <= peak <= x.nbytes + MiB,
                        what=f"measure_peak reported {peak} bytes for np.std of {x.size} float64 numbers, which holds "
                             f"a {x.nbytes}-byte temporary at its peak",
                        hint="take the PEAK (second value of tracemalloc.get_traced_memory()), not the current "
-                            "size, after fn returns; start tracing (or reset_peak) before calling fn")
+                            "size, after fn returns; start tracing (or reset_peak) before calling fn"
+                            " [bug: current-not-peak]")
 
 
 # --- head_by_head_forward ------------------------------------------------------------------------
@@ -80,9 +87,10 @@ def _wrong_scale_reference(layer, X, mask4=None) -> np.ndarray:
 
 def _hbh_hint(out, layer, X, mask4=None) -> str:
     if out.shape == X.shape and np.allclose(out, _wrong_scale_reference(layer, X, mask4), rtol=1e-8, atol=1e-10):
-        return "the scores are scaled by sqrt(d_model); divide by sqrt(d_k), the head size d_model // num_heads"
+        return ("the scores are scaled by sqrt(d_model); divide by sqrt(d_k), the head size d_model // num_heads"
+                " [bug: scale-d-model]")
     return ("head i uses COLUMNS i*d_k:(i+1)*d_k of W_Q, W_K, W_V and ROWS i*d_k:(i+1)*d_k of W_O; "
-            "scale by 1/sqrt(d_k); sum the heads' contributions to the output")
+            "scale by 1/sqrt(d_k); sum the heads' contributions to the output [bug: head-slices]")
 
 
 def _check_hbh_values(student, seed, B, L, d_model, h):
@@ -156,7 +164,7 @@ def test_head_by_head_forward_stability(student):
     out = checks.call(student, "head_by_head_forward", X, *_weights(layer), 3)
     # 3. judge
     what = "head_by_head_forward with scores in the thousands"
-    hint = "exp overflowed: subtract each row's maximum from the scores before exp"
+    hint = "exp overflowed: subtract each row's maximum from the scores before exp [bug: softmax-overflow]"
     checks.expect_array(out, what=what, shape=X.shape, hint=hint)
     checks.expect_close(out, expected, what=what, hint=_hbh_hint(out, layer, X))
 
@@ -174,7 +182,8 @@ def test_head_by_head_forward_memory(student):
     checks.expect_within_budget(
         peak, budget, what=what + " (half of one full (B, h, L, L) score tensor)",
         hint="more than one head's (B, L, L) scores are alive at once: a full (B, h, L, L) score tensor, or a list "
-             "that keeps every head's weights; compute one head, add its contribution, let its matrix go")
+             "that keeps every head's weights; compute one head, add its contribution, let its matrix go"
+             " [bug: all-heads-alive]")
 
 
 # --- chunked_attention ---------------------------------------------------------------------------
@@ -204,34 +213,63 @@ def _student_right(student, Q, K, V, block, causal) -> bool:
     return isinstance(out, np.ndarray) and _close(out, _attention(Q, K, V, causal))
 
 
+def _online(Q, K, V, block, causal, *, rescale_acc=True, carry_max=True) -> np.ndarray:
+    """The online softmax tile by tile, with one of its two slips when asked: the accumulator not rescaled by
+    exp(m_old - m_new), or the running max not carried to the next key block (it stays -inf)."""
+    L, d = Q.shape[2], Q.shape[3]
+    out = np.empty(Q.shape[:3] + V.shape[-1:])
+    for qs in range(0, L, block):
+        q = Q[:, :, qs:qs + block] / np.sqrt(d)  # (B, h, bq, d)
+        m = np.full(q.shape[:3] + (1,), -np.inf)
+        l, acc = np.zeros_like(m), np.zeros(q.shape[:3] + V.shape[-1:])
+        for ks in range(0, min(qs + block, L) if causal else L, block):
+            S = q @ K[:, :, ks:ks + block].transpose(0, 1, 3, 2)  # (B, h, bq, bk)
+            if causal:
+                S = np.where(np.arange(ks, ks + S.shape[-1]) > np.arange(qs, qs + S.shape[-2])[:, None], -np.inf, S)
+            m_new = np.maximum(m, S.max(axis=-1, keepdims=True))
+            P, alpha = np.exp(S - m_new), np.exp(m - m_new)
+            l = alpha * l + P.sum(axis=-1, keepdims=True)
+            acc = (alpha * acc if rescale_acc else acc) + P @ V[:, :, ks:ks + block]
+            m = m_new if carry_max else m
+        out[:, :, qs:qs + block] = acc / l
+    return out
+
+
 def _chunked_hint(student, out, Q, K, V, block, causal=False) -> str | None:
     """Name the likely bug by probing the student's function on simpler cases; None when no probe tells."""
     L = Q.shape[2]
     if causal and np.isfinite(out).all() and _close(out, _attention(Q, K, V)):
-        return "causal=True is ignored: mask the keys j > i and skip the key blocks above the diagonal"
+        return ("causal=True is ignored: mask the keys j > i and skip the key blocks above the diagonal"
+                " [bug: causal-ignored]")
     if L % block:
         full = (L // block) * block  # drop the partial block: is everything else right?
         probe = (Q[:, :, :full], K[:, :, :full], V[:, :, :full], block) if full else (Q, K, V, L)
         if _student_right(student, *probe, causal):
             return ("the last, partial block is skipped or cut wrong: loop over ceil(L / block_size) blocks and end "
-                    "each block at min(start + block_size, L)")
+                    "each block at min(start + block_size, L) [bug: partial-block]")
     if block < L and _student_right(student, Q, K, V, L, causal):
+        slip = next((bug for bug, kw in (("acc-not-rescaled", {"rescale_acc": False}),
+                                         ("max-not-carried", {"carry_max": False}))
+                     if np.isfinite(out).all() and _close(out, _online(Q, K, V, block, causal, **kw))), "no-rescale")
         return ("right with one block, wrong across several: when the running maximum grows, rescale the "
-                "accumulator and the normaliser by exp(m_old - m_new), and carry the running max m forward")
+                "accumulator and the normaliser by exp(m_old - m_new), and carry the running max m forward"
+                f" [bug: {slip}]")
     d = Q.shape[-1]
     if np.isfinite(out).all() and _close(out, _attention(Q / np.sqrt(d), K, V, causal)):
-        return "the scores are divided by d instead of sqrt(d)"
+        return "the scores are divided by d instead of sqrt(d) [bug: scale-d-not-sqrt]"
     return None
 
 
 GENERIC_HINT = ("check the scale 1/sqrt(d) with d = Q.shape[-1], the online-softmax update (m_new = max(m, rowmax(S)); "
-                "l = exp(m - m_new) l + rowsum(P); acc = exp(m - m_new) acc + P V), and the final division acc / l")
+                "l = exp(m - m_new) l + rowsum(P); acc = exp(m - m_new) acc + P V), and the final division acc / l"
+                " [bug: online-softmax]")
 RUNNING_MAX_HINT = ("a row whose scores are all below about -745 gives exp(S - m) = 0 when the running maximum "
-                    "starts at 0, and then 0 / 0: start m at -inf (np.full(..., -np.inf)), not at 0")
+                    "starts at 0, and then 0 / 0: start m at -inf (np.full(..., -np.inf)), not at 0"
+                    " [bug: running-max-at-zero]")
 DIAGONAL_HINT = ("the causal mask of the diagonal block also hides the diagonal, so a query sees no key at all: mask "
-                 "key j for query i only when j > i (global positions qs + r and ks + c)")
+                 "key j for query i only when j > i (global positions qs + r and ks + c) [bug: diagonal-masked]")
 OVERFLOW_HINT = ("exp overflowed: subtract the running maximum before exp (P = exp(S - m_new)), and rescale with "
-                 "exp(m_old - m_new)")
+                 "exp(m_old - m_new) [bug: exp-overflow]")
 
 
 def _judge_chunked(student, out, Q, K, V, block, *, causal, what, nonfinite_hint) -> None:
@@ -336,4 +374,4 @@ def test_chunked_attention_memory(student):
     checks.expect_within_budget(
         peak, budget, what=f"{what} (1/8 of a full {full_scores // MiB} MiB score tensor)",
         hint="an L x L (or L x block_size) score matrix is built: work in tiles of block_size queries x "
-             "block_size keys, so the largest temporary is (B, h, block_size, block_size)")
+             "block_size keys, so the largest temporary is (B, h, block_size, block_size) [bug: full-score-matrix]")

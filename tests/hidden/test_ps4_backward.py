@@ -14,6 +14,11 @@ from mha_lab.cpu import MultiHeadAttention, create_causal_mask, merge_heads, spl
 from mha_lab.grading import checks
 from mha_lab.testing import GRADCHECK_MAX_REL_ERROR
 
+# the package's own code for each task (the book prints it): what the class report's similarity compares answers with
+PACKAGE_ANSWERS = {"mha_backward": ["mha_lab.cpu.GroupedQueryAttention.backward", "mha_lab.cpu.softmax_backward"],
+                   "numerical_gradient": ["mha_lab.gradcheck.numerical_gradient"],
+                   "gradient_check": ["mha_lab.gradcheck.check_layer_gradients"]}
+
 WEIGHTS = ("W_Q", "W_K", "W_V", "W_O")
 BIASES = ("b_Q", "b_K", "b_V", "b_O")
 
@@ -56,7 +61,7 @@ def _call_backward(student, case: Case):
     result = checks.call(student, "mha_backward", cache, case.grad_out.copy())
     checks.expect_true(isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], dict),
                        what=f"mha_backward should return a pair (grad_X, grads) with grads a dict, got "
-                            f"{type(result).__name__}", hint="end with `return grad_X, grads`")
+                            f"{type(result).__name__}", hint="end with `return grad_X, grads` [bug: return-grads]")
     return result
 
 
@@ -96,25 +101,28 @@ def _known_bug(case: Case, name: str, actual) -> str | None:
     """The known bug whose gradient ``name`` equals ``actual``, if any."""
     d_k = case.cache["Q"].shape[-1]
     if name == "W_O" and _matches(actual, case.expected["W_O"].T):
-        return "grad_W_O is transposed: grad_W_O = concat^T @ grad_out (shaped like W_O), not grad_out^T @ concat"
+        return ("grad_W_O is transposed: grad_W_O = concat^T @ grad_out (shaped like W_O), not grad_out^T @ concat"
+                " [bug: grad-w-o-transposed]")
     if name in ("W_Q", "W_K") and _matches(actual, np.sqrt(d_k) * case.expected[name]):
-        return f"grad_{name} is sqrt(d_k) times too large: step 5 misses the 1/sqrt(d_k) of the scores"
+        return (f"grad_{name} is sqrt(d_k) times too large: step 5 misses the 1/sqrt(d_k) of the scores"
+                " [bug: missing-scale]")
     if name in ("W_Q", "W_K") and _matches(actual, _weight_grads(case, _steps(case, row_sum=False))[name]):
         return ("the softmax backward (step 4) is missing the row-sum term: "
-                "grad_S = A * (grad_A - rowsum(grad_A * A))")
+                "grad_S = A * (grad_A - rowsum(grad_A * A)) [bug: softmax-backward-row-sum]")
     if name == "W_K" and _matches(actual, _weight_grads(case, _steps(case, transpose_grad_S=False))[name]):
-        return "grad_K must use grad_S^T (transpose the last two axes): grad_K = grad_S^T @ Q, not grad_S @ Q"
+        return ("grad_K must use grad_S^T (transpose the last two axes): grad_K = grad_S^T @ Q, not grad_S @ Q"
+                " [bug: grad-k-no-transpose]")
     unsplit = _weight_grads(case, _steps(case, transpose_in_step6=False))
     if name in ("W_Q", "W_K", "W_V") and _matches(actual, unsplit[name]):
         return ("step 6 reshapes without transposing: (B, h, L, d_k) -> transpose(0, 2, 1, 3) -> "
-                "(B, L, h, d_k) -> reshape -> (B, L, d_model)")
+                "(B, L, h, d_k) -> reshape -> (B, L, d_model) [bug: merge-no-transpose]")
     return None
 
 
 def _judge_weight(case: Case, grads: dict, name: str, hint: str) -> None:
     what = f"grad {name} ({case.label})"
     checks.expect_true(name in grads, what=f"{what}: grads has no key {name!r} (keys: {sorted(grads)})",
-                       hint="store every gradient under the parameter's name, e.g. grads['W_Q']")
+                       hint="store every gradient under the parameter's name, e.g. grads['W_Q'] [bug: grads-keys]")
     checks.expect_array(grads[name], what=what, shape=case.expected[name].shape)
     checks.expect_close(grads[name], case.expected[name], what=what,
                         hint=_known_bug(case, name, grads[name]) or hint)
@@ -137,7 +145,7 @@ def test_mha_backward_shapes(student):
     # 3. judge
     checks.expect_array(grad_X, what=f"grad_X ({case.label})", shape=case.expected_x.shape)
     checks.expect_true(set(grads) == set(WEIGHTS), what=f"grads has keys {sorted(grads)}, expected {list(WEIGHTS)}",
-                       hint="one entry per parameter of the forward, named like params")
+                       hint="one entry per parameter of the forward, named like params [bug: grads-keys]")
     for name in WEIGHTS:
         checks.expect_array(grads[name], what=f"grad {name} ({case.label})", shape=case.expected[name].shape)
 
@@ -155,7 +163,7 @@ def _check_weight(student, key: str, names: tuple[str, ...], hint: str):
         _judge_weight(case, grads, name, hint)
 
 
-W_O_HINT = "step 1: grad_W_O = concat^T @ grad_out, summed over batch and positions"
+W_O_HINT = "step 1: grad_W_O = concat^T @ grad_out, summed over batch and positions [bug: grad-w-o]"
 
 
 def test_mha_backward_grad_W_O(student):
@@ -167,7 +175,7 @@ def test_mha_backward_grad_W_O__causal(student):
 
 
 W_V_HINT = ("step 2 splits grad_concat into heads (reshape to (B, L, h, d_k), then transpose); step 3: "
-            "grad_V = A^T @ grad_Z; step 6 transposes back before reshaping")
+            "grad_V = A^T @ grad_Z; step 6 transposes back before reshaping [bug: grad-w-v]")
 
 
 def test_mha_backward_grad_W_V(student):
@@ -179,7 +187,7 @@ def test_mha_backward_grad_W_V__causal(student):
 
 
 W_QK_HINT = ("step 3: grad_A = grad_Z @ V^T; step 4: grad_S = A * (grad_A - rowsum(grad_A * A)); step 5: divide by "
-             "sqrt(d_k), grad_Q = grad_S @ K, grad_K = grad_S^T @ Q")
+             "sqrt(d_k), grad_Q = grad_S @ K, grad_K = grad_S^T @ Q [bug: grad-w-qk]")
 
 
 def test_mha_backward_grad_W_QK(student):
@@ -198,11 +206,13 @@ def _grad_X_hint(case: Case, grads: dict, grad_X) -> str:
     for missing in "QKV":
         if _matches(grad_X, sum(b for n, b in branches.items() if n != missing)):
             return (f"grad_X is missing the {missing} branch: X feeds Q, K and V, so "
-                    "grad_X = grad_Q W_Q^T + grad_K W_K^T + grad_V W_V^T")
+                    "grad_X = grad_Q W_Q^T + grad_K W_K^T + grad_V W_V^T [bug: grad-x-missing-branch]")
     for name in ("W_Q", "W_K", "W_V"):
         if name in grads and _known_bug(case, name, grads[name]):
-            return "grad_X sums the three branches, so it inherits the bug in grad " + name + ": fix that first"
-    return "grad_X = grad_Q W_Q^T + grad_K W_K^T + grad_V W_V^T, with the branches reshaped back to (B, L, d_model)"
+            return (f"grad_X sums the three branches, so it inherits the bug in grad {name}: fix that first"
+                    " [bug: grad-x-inherits]")
+    return ("grad_X = grad_Q W_Q^T + grad_K W_K^T + grad_V W_V^T, with the branches reshaped back to (B, L, d_model)"
+            " [bug: grad-x]")
 
 
 def _check_grad_X(student, key: str):
@@ -233,16 +243,16 @@ def test_mha_backward_grad_b(student):
     for name in BIASES:
         what = f"grad {name} ({case.label}, with biases)"
         checks.expect_true(name in grads, what=f"{what}: grads has no key {name!r}",
-                           hint="with biases in params, return their gradients too")
+                           hint="with biases in params, return their gradients too [bug: bias-grads]")
         hint = ("a bias gradient is the branch's gradient summed over batch AND positions: .sum(axis=(0, 1)), "
-                "shape (d_model,)")
+                "shape (d_model,) [bug: bias-sum]")
         shape = np.shape(grads[name])
         checks.expect_true(shape == case.expected[name].shape,
                            what=f"{what}: expected shape {case.expected[name].shape}, got {shape}", hint=hint)
         checks.expect_array(grads[name], what=what, shape=case.expected[name].shape)
         if name != "b_O":
             n = name[-1]
-            hint += f"; if grad W_{n} is wrong too, fix that first"
+            hint = hint.replace(" [bug:", f"; if grad W_{n} is wrong too, fix that first [bug:")  # the tag stays last
         checks.expect_close(grads[name], case.expected[name], what=what, hint=hint)
 
 
@@ -258,9 +268,10 @@ def _judge_numerical(grad, exact: np.ndarray, what: str) -> None:
         raise AssertionError(
             f"{what}: max abs error {err:.2g} against the exact gradient; central differences give about 1e-10. "
             + ("Likely bug: a one-sided (forward) difference (f(x + eps) - f(x)) / eps, whose error is O(eps); use "
-               "the central difference (f(x + eps) - f(x - eps)) / (2 eps)" if one_sided else
+               "the central difference (f(x + eps) - f(x - eps)) / (2 eps) [bug: one-sided-difference]"
+               if one_sided else
                "Likely bug: perturb every entry x[idx] (np.ndindex(x.shape)) by +eps and -eps in place, divide by "
-               "2 eps, and restore x[idx] before the next entry"))
+               "2 eps, and restore x[idx] before the next entry [bug: numerical-gradient]"))
 
 
 def test_numerical_gradient_values__central(student):
@@ -304,19 +315,21 @@ def _judge_report(report, case: Case, wrong: str | None) -> None:
     checks.expect_true(isinstance(report, dict) and set(report) == names,
                        what=f"gradient_check should return a dict with keys {sorted(names)}, got "
                             f"{sorted(report) if isinstance(report, dict) else type(report).__name__}",
-                       hint="one relative error per parameter name, plus 'X'")
+                       hint="one relative error per parameter name, plus 'X' [bug: report-keys]")
     for name, err in report.items():
         checks.expect_true(np.isscalar(err) and np.isfinite(err), what=f"gradient_check[{name!r}] = {err!r}",
-                           hint="each entry is a float: relative_error(analytic, numerical)")
+                           hint="each entry is a float: relative_error(analytic, numerical) [bug: report-floats]")
         if name == wrong:
             checks.expect_true(err > 1e-3, what=f"gradient_check reports {err:.2g} for {name}, whose analytic "
                                "gradient was deliberately wrong", hint="compare analytic[name] with the numerical "
-                               "gradient of the loss with respect to params[name], perturbed in place")
+                               "gradient of the loss with respect to params[name], perturbed in place"
+                               " [bug: check-compare]")
         else:
             checks.expect_true(err < GRADCHECK_MAX_REL_ERROR, what=f"gradient_check reports {err:.2g} for {name} "
                                f"({case.label}) although the analytic gradient is right",
                                hint="loss = sum(mha_forward(X, params, num_heads, mask)[0] * grad_out); use central "
-                                    "differences with the given eps, perturbing params[name] (or X) in place")
+                                    "differences with the given eps, perturbing params[name] (or X) in place"
+                                    " [bug: numerical-gradient]")
 
 
 def test_gradient_check_report__correct_backward(student):

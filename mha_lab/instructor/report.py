@@ -1,0 +1,338 @@
+"""The class report of one graded assignment: ``reports/<a>/index.html``, ``report.md`` (with ``scores.svg``)
+and ``similarity.csv``.
+
+``python -m mha_lab report <a> --course DIR`` (``make report A=<a>``; ``make grade`` writes it too) reads the
+gradebook (nbgrader's API) and the autograded notebooks, and grades nothing again:
+
+- the scores' histogram; submitted / graded / not graded / late counts (late: the submission's timestamp
+  after its due date, as the gradebook has them);
+- per tests cell: points, pass rate (share of graded students with full points) and discrimination, the
+  correlation of the cell's score with the rest of the total (PrairieLearn's question statistics):
+  r = corr(s_c, T - s_c) over graded students, none when either side is constant;
+- misconceptions: per task (answer cell), students grouped by the bug ids their failing checks name
+  (``mha_lab.grading.checks.BUG_TAG``), largest group first;
+- similarity of the answers (``mha_lab.instructor.similarity``), flagged pairs side by side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import html
+import io
+import re
+import sys
+import warnings
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nbformat
+import numpy as np
+
+from mha_lab.grading import checks, course, judge
+from mha_lab.instructor import similarity
+
+__all__ = ["TestsCell", "ClassData", "read_class", "cell_statistics", "misconceptions", "build", "main"]
+
+
+@dataclass(frozen=True)
+class TestsCell:
+    """A graded tests cell: its notebook, id and points, and its task (the answer cell it follows)."""
+
+    notebook: str
+    grade_id: str
+    points: float
+    task: str = ""
+
+
+@dataclass
+class ClassData:
+    """What the report reads: cells, scores (student -> grade_id -> points), failure messages, answers."""
+
+    assignment: str
+    cells: list[TestsCell]
+    submitted: list[str]
+    scores: dict[str, dict[str, float]] = field(default_factory=dict)  # graded students only
+    late: dict[str, float] = field(default_factory=dict)  # student -> hours late (late ones only)
+    messages: dict[str, dict[str, str]] = field(default_factory=dict)  # student -> grade_id -> hidden-check message
+    answers: dict[str, dict[str, str]] = field(default_factory=dict)  # student -> task -> answer cell source
+    stubs: dict[str, str] = field(default_factory=dict)  # task -> the release's answer cell
+
+    @property
+    def totals(self) -> dict[str, float]:
+        return {s: sum(row.values()) for s, row in self.scores.items()}
+
+    @property
+    def max_score(self) -> float:
+        return sum(c.points for c in self.cells)
+
+
+def _meta(cell: nbformat.NotebookNode) -> dict:
+    return cell.get("metadata", {}).get("nbgrader", {})
+
+
+def _tasks(nb: nbformat.NotebookNode) -> tuple[dict[str, str], dict[str, str]]:
+    """(tests cell grade_id -> its task, task -> answer cell source): a tests cell belongs to the answer
+    cell before it; the task is that cell's grade_id without ``ans_``."""
+    owner, answers, task = {}, {}, ""
+    for cell in nb.cells:
+        meta = _meta(cell)
+        if meta.get("solution") and not meta.get("grade") and cell.cell_type == "code":
+            task = meta["grade_id"].removeprefix("ans_")
+            answers[task] = cell.source
+        elif meta.get("grade") and cell.cell_type == "code":
+            owner[meta["grade_id"]] = task
+    return owner, answers
+
+
+def _failure(nb: nbformat.NotebookNode) -> dict[str, str]:
+    """grade_id -> the hidden-check message the grader put into its tests cell."""
+    return {_meta(c)["grade_id"]: o.get("evalue", "") for c in nb.cells if _meta(c).get("grade")
+            for o in c.get("outputs", []) if o.get("ename") == "HiddenCheckFailure"}
+
+
+def read_class(root: Path, assignment: str) -> ClassData:
+    """The assignment's cells and scores from ``gradebook.db``, messages and answers from ``autograded/``."""
+    from nbgrader.api import Gradebook, MissingEntry
+
+    root = Path(root)
+    if not (root / "gradebook.db").is_file():
+        raise FileNotFoundError(f"no gradebook in {root}: grade first (make grade A={assignment})")
+    with Gradebook(f"sqlite:///{root / 'gradebook.db'}", course_id=course.COURSE_ID) as gb, \
+            warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # SQLAlchemy's, about nbgrader's own session handling
+        try:
+            record = gb.find_assignment(assignment)
+        except MissingEntry:
+            raise ValueError(f"assignment {assignment!r} is not in the gradebook: grade it first") from None
+        cells = [TestsCell(nb.name, g.name, float(g.max_score)) for nb in record.notebooks for g in nb.grade_cells
+                 if g.cell_type == "code"]
+        stubs = {c.name.removeprefix("ans_"): c.source for nb in record.notebooks for c in nb.source_cells
+                 if c.name in {s.name for s in nb.solution_cells} and c.cell_type == "code"}
+        data = ClassData(assignment, cells, sorted(set(course.students(root, assignment))
+                                                   | {s.student.id for s in record.submissions}), stubs=stubs)
+        for sub in record.submissions:
+            s = sub.student.id
+            folder = root / "autograded" / s / assignment
+            if not all((folder / f"{nb.name}.ipynb").is_file() for nb in record.notebooks):
+                continue  # recorded without a notebook to run: not graded
+            data.scores[s] = {g.name: float(g.score) for nb in sub.notebooks for g in nb.grades
+                              if g.cell_type == "code"}
+            if sub.timestamp and sub.duedate and sub.total_seconds_late > 0:
+                data.late[s] = sub.total_seconds_late / 3600
+    owner: dict[str, str] = {}  # tests cell -> task, from the cells' order in the notebooks
+    for s in data.scores:
+        for path in sorted((root / "autograded" / s / assignment).glob("*.ipynb")):
+            nb = nbformat.read(path, as_version=4)
+            tasks, answers = _tasks(nb)
+            owner.update(tasks)
+            data.messages.setdefault(s, {}).update(_failure(nb))
+            data.answers.setdefault(s, {}).update(answers)
+    data.cells = [TestsCell(c.notebook, c.grade_id, c.points, owner.get(c.grade_id, "")) for c in data.cells]
+    return data
+
+
+def cell_statistics(data: ClassData) -> list[dict]:
+    """Per tests cell: points, pass rate and discrimination over the graded students."""
+    students = sorted(data.scores)
+    totals = np.array([data.totals[s] for s in students])
+    rows = []
+    for c in data.cells:
+        got = np.array([data.scores[s].get(c.grade_id, 0.0) for s in students])
+        rest = totals - got
+        r = float(np.corrcoef(got, rest)[0, 1]) if len(got) > 1 and got.std() > 0 and rest.std() > 0 else None
+        rows.append({"cell": c.grade_id, "task": c.task, "points": c.points,
+                     "pass_rate": float(np.mean(got >= c.points)) if len(got) else None, "discrimination": r})
+    return rows
+
+
+def _phrase(line: str) -> str:
+    """What a failure line says, without the check's name and the tag: the likely bug when it names one."""
+    text = checks.BUG_TAG.sub("", line.split(": ", 1)[-1]).strip()
+    return text.rsplit("Likely bug: ", 1)[-1].strip().rstrip(".")
+
+
+def misconceptions(data: ClassData) -> list[dict]:
+    """Groups of students whose failing checks of one task name the same bugs, largest first:
+    ``{"task", "bugs", "says", "students"}`` (``says``: bug id -> what the first message said of it)."""
+    task_of = {c.grade_id: c.task for c in data.cells}
+    groups: dict[tuple[str, tuple[str, ...]], set[str]] = defaultdict(set)
+    says: dict[tuple[str, str], str] = {}
+    for s, messages in data.messages.items():
+        named: dict[str, set[str]] = defaultdict(set)
+        for grade_id, message in messages.items():
+            for line in message.splitlines()[1:]:
+                ids = checks.bug_ids(line) or ["unlabelled"]
+                named[task_of.get(grade_id, "")].update(ids)
+                for bug in ids:
+                    says.setdefault((task_of.get(grade_id, ""), bug), _phrase(line))
+        for task, ids in named.items():
+            groups[task, tuple(sorted(ids))].add(s)
+    ordered = sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))
+    return [{"task": t, "bugs": list(ids), "says": {b: says[t, b] for b in ids}, "students": sorted(who)}
+            for (t, ids), who in ordered]
+
+
+def _package_answers(assignment: str, root: Path) -> dict[str, str]:
+    """task -> the package's own source for it (``PACKAGE_ANSWERS`` of the hidden module)."""
+    module = judge.load(judge.hidden_module(assignment, root))
+    return {t: similarity.package_source(names) for t, names in getattr(module, "PACKAGE_ANSWERS", {}).items()}
+
+
+def _histogram_svg(data: ClassData) -> str:
+    """The totals' histogram as inline SVG (no external references)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 3.2))
+    top = data.max_score or 1.0
+    ax.hist(list(data.totals.values()), bins=np.linspace(0, top, min(max(int(top), 1), 20) + 1), color="#3b6ea5",
+            edgecolor="white")
+    ax.set_xlabel(f"score (points out of {top:g})", fontsize=11)
+    ax.set_ylabel("students", fontsize=11)
+    ax.set_xlim(0, top)
+    ax.yaxis.get_major_locator().set_params(integer=True)
+    ax.tick_params(labelsize=10)
+    fig.tight_layout()
+    out = io.StringIO()
+    fig.savefig(out, format="svg")
+    plt.close(fig)
+    svg = out.getvalue()
+    return svg[svg.index("<svg"):]
+
+
+def _fmt(x: float | None, digits: int = 2) -> str:
+    return "n/a" if x is None else f"{x:.{digits}f}"
+
+
+def build(root: Path, assignment: str) -> Path:
+    """Write ``reports/<a>/index.html``, ``report.md``, ``scores.svg`` and ``similarity.csv``; returns the folder."""
+    root = Path(root).resolve()
+    data = read_class(root, assignment)
+    stats, groups = cell_statistics(data), misconceptions(data)
+    pairs = similarity.compare(data.answers, data.stubs, _package_answers(assignment, root))
+    out = root / "reports" / assignment
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "similarity.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["student_a", "student_b", "similarity", "flagged"])
+        writer.writerows((p.student_a, p.student_b, f"{p.similarity:.3f}", str(p.flagged).lower()) for p in pairs)
+    counts = {"submitted": len(data.submitted), "graded": len(data.scores),
+              "not graded": len(data.submitted) - len(data.scores), "late": len(data.late)}
+    flagged = [p for p in pairs if p.flagged]
+    svg = _histogram_svg(data)
+    (out / "scores.svg").write_text(svg)  # the figure of report.md; index.html has it inline
+    (out / "report.md").write_text(_markdown(data, counts, stats, groups, flagged))
+    (out / "index.html").write_text(_html(data, counts, stats, groups, flagged, svg))
+    return out
+
+
+def _table_rows(stats: Sequence[dict]) -> list[tuple[str, ...]]:
+    return [(r["cell"], r["task"], f"{r['points']:g}", _fmt(r["pass_rate"]), _fmt(r["discrimination"]))
+            for r in stats]
+
+
+def _group_label(g: Mapping) -> str:
+    return " + ".join(g["bugs"])
+
+
+def _markdown(data: ClassData, counts: dict, stats: list, groups: list, flagged: list) -> str:
+    totals = list(data.totals.values())
+    lines = [f"# Class report: {data.assignment}", "",
+             ", ".join(f"{k}: {v}" for k, v in counts.items()) + (f"; mean score {np.mean(totals):.2f} of "
+                                                                    f"{data.max_score:g}" if totals else ""), "",
+             f"![Figure 1. Scores of the {len(data.scores)} graded students (points out of {data.max_score:g}).]"
+             "(scores.svg)", "", "## Tests cells", "", "| cell | task | points | pass rate | discrimination |",
+             "|---|---|---|---|---|"]
+    lines += ["| " + " | ".join(row) + " |" for row in _table_rows(stats)]
+    lines += ["", "## Misconceptions", "", "| students | task | bug | what the checks say | who |",
+              "|---|---|---|---|---|"]
+    lines += [f"| {len(g['students'])} | {g['task']} | {_group_label(g)} | "
+              f"{'; '.join(g['says'].values()).replace('|', '/')} | {', '.join(g['students'])} |" for g in groups]
+    lines += ["", f"## Similarity (flagged at {similarity.THRESHOLD:g} or above; all pairs in similarity.csv)", "",
+              "| student a | student b | similarity |", "|---|---|---|"]
+    lines += [f"| {p.student_a} | {p.student_b} | {p.similarity:.2f} |" for p in flagged] or ["| none | | |"]
+    if data.late:
+        lines += ["", "## Late", "", "| student | hours late |", "|---|---|"]
+        lines += [f"| {s} | {h:.1f} |" for s, h in sorted(data.late.items())]
+    return "\n".join(lines) + "\n"
+
+
+SIDE_BY_SIDE = 40  # flagged pairs shown side by side (the most similar first); all of them are in the table
+CSS = """body{font:15px/1.45 system-ui,sans-serif;max-width:72rem;margin:2rem auto;padding:0 1rem;color:#222}
+table{border-collapse:collapse;margin:.5rem 0 1.5rem}td,th{border:1px solid #ccc;padding:.25rem .5rem;
+text-align:left;vertical-align:top}th{background:#f3f3f3}figure{margin:1rem 0}figcaption{font-size:.9rem}
+mark{background:#fde68a}.pair{display:grid;grid-template-columns:1fr 1fr;gap:.75rem}pre{background:#f7f7f7;
+padding:.5rem;white-space:pre-wrap;font-size:12px;margin:0}"""
+
+
+def _html_table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    cells = "".join("<tr>" + "".join(f"<td>{html.escape(str(x))}</td>" for x in row) + "</tr>" for row in rows)
+    return "<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + f"</tr>{cells}</table>"
+
+
+def _html(data: ClassData, counts: dict, stats: list, groups: list, flagged: list, svg: str) -> str:
+    e = html.escape
+    parts = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>Class report: {e(data.assignment)}"
+             f"</title><style>{CSS}</style></head><body><h1>Class report: {e(data.assignment)}</h1>",
+             _html_table(list(counts), [[str(v) for v in counts.values()]]),
+             f"<figure id='histogram'>{svg}<figcaption>Figure 1. Scores of the {len(data.scores)} graded students "
+             f"(points out of {data.max_score:g}).</figcaption></figure>",
+             "<h2>Tests cells</h2>",
+             _html_table(["cell", "task", "points", "pass rate", "discrimination"], _table_rows(stats)),
+             "<h2>Misconceptions</h2>",
+             _html_table(["students", "task", "bug", "what the checks say", "who"],
+                         [[str(len(g["students"])), g["task"], _group_label(g), "; ".join(g["says"].values()),
+                           ", ".join(g["students"])] for g in groups]),
+             f"<h2>Similarity</h2><p>Pairs at similarity {similarity.THRESHOLD:g} or above (share of the answers' "
+             "tokens found in the other answer, over all tasks); every pair is in similarity.csv.</p>",
+             _html_table(["student a", "student b", "similarity"],
+                         [[p.student_a, p.student_b, f"{p.similarity:.2f}"] for p in flagged] or [["none", "", ""]])]
+    shown = [p for p in flagged if p.student_b == similarity.PACKAGE]
+    shown += [p for p in flagged if p.student_b != similarity.PACKAGE][:SIDE_BY_SIDE]
+    if len(shown) < len(flagged):
+        parts.append(f"<p>Side by side below: the pairs with mha_lab and the {SIDE_BY_SIDE} most similar pairs of "
+                     f"students, of {len(flagged)} flagged pairs.</p>")
+    for p in shown:
+        parts.append(f"<h3>{e(p.student_a)} and {e(p.student_b)}: {p.similarity:.2f}</h3>")
+        for task, sim, a, b, spans_a, spans_b in p.tasks:
+            parts.append(f"<h4>{e(task)}: {sim:.2f}</h4><div class='pair'><pre>{_marked(a, spans_a)}</pre>"
+                         f"<pre>{_marked(b, spans_b)}</pre></div>")
+    if data.late:
+        parts += ["<h2>Late</h2>", _html_table(["student", "hours late"],
+                                               [[s, f"{h:.1f}"] for s, h in sorted(data.late.items())])]
+    return "".join(parts) + "</body></html>\n"
+
+
+def _marked(code: str, spans: Sequence[tuple[int, int]]) -> str:
+    """``code`` escaped for HTML, its ``spans`` (found in the other answer) in <mark>."""
+    out, at = [], 0
+    for start, end in sorted(spans):
+        start = max(start, at)
+        out += [html.escape(code[at:start]), f"<mark>{html.escape(code[start:end])}</mark>"] if end > start else []
+        at = max(at, end)
+    return "".join(out) + html.escape(code[at:])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mha_lab report", description="Write the class report of a "
+                                     "graded assignment from the gradebook and the autograded notebooks.")
+    parser.add_argument("assignment", help="e.g. ps1_per_head_loop")
+    parser.add_argument("--course", type=Path, default=Path.cwd(), help="course root (default: here)")
+    args = parser.parse_args(argv)
+    if not re.fullmatch(r"[\w-]+", args.assignment):
+        parser.error(f"not an assignment name: {args.assignment!r}")
+    try:
+        out = build(args.course, args.assignment)
+    except (FileNotFoundError, ValueError) as exc:
+        parser.exit(1, f"cannot write the report: {exc}\n")
+    print(f"wrote {out / 'index.html'}, {out / 'report.md'}, {out / 'similarity.csv'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
