@@ -12,7 +12,7 @@ from mha_lab.traffic import tile_size  # noqa: E402
 
 def test_tile_state_figure_draws_one_point_per_key_tile():
     Q, K, V = np.random.default_rng(0).standard_normal((3, 40, 4))
-    fig = flash.plot_tile_state(Q, K, V, M=120)
+    fig = flash.plot_tile_state(Q, K, V, sram=120)
     tiles = -(-40 // tile_size(4, 120))
     m_panel, l_panel, out_panel = fig.axes
     assert len(l_panel.lines[0].get_xdata()) == tiles

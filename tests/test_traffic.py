@@ -9,18 +9,18 @@ from mha_lab.testing import assert_close
 from mha_lab.traffic import ALGORITHMS, hbm_traffic, simulate_traffic, tile_size, traffic_breakdown
 
 
-@pytest.mark.parametrize("N, d, M", [(97, 16, 2000), (1, 8, 600), (64, 8, 600), (40, 4, 10_000), (300, 4, 120)])
+@pytest.mark.parametrize("L, d_k, sram", [(97, 16, 2000), (1, 8, 600), (64, 8, 600), (40, 4, 10_000), (300, 4, 120)])
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
-def test_simulated_loads_and_stores_equal_the_closed_form(N, d, M, algorithm):
-    Q, K, V = np.random.default_rng(N + d).standard_normal((3, N, d))
-    sim = simulate_traffic(Q, K, V, M, algorithm)
-    expected = traffic_breakdown(N, d, M, algorithm)
+def test_simulated_loads_and_stores_equal_the_closed_form(L, d_k, sram, algorithm):
+    Q, K, V = np.random.default_rng(L + d_k).standard_normal((3, L, d_k))
+    sim = simulate_traffic(Q, K, V, sram, algorithm)
+    expected = traffic_breakdown(L, d_k, sram, algorithm)
     assert sim.reads == expected["reads"]
     assert sim.writes == expected["writes"]
-    assert sim.peak <= M
+    assert sim.peak <= sram
     assert_close(sim.out, scaled_dot_product_attention(Q, K, V)[0])
     total = sum(sim.reads.values()) + sum(sim.writes.values())
-    assert hbm_traffic(N, d, M, algorithm, "float32") == 4 * total
+    assert hbm_traffic(L, d_k, sram, algorithm, "float32") == 4 * total
 
 
 def test_tile_size_is_the_largest_that_fits():
@@ -48,7 +48,7 @@ def test_theorem_2_flash_traffic_falls_with_m_and_standard_keeps_n_squared():
 
 def test_trace_of_one_row_ends_at_its_output():
     Q, K, V = np.random.default_rng(1).standard_normal((3, 50, 4))
-    sim = simulate_traffic(Q, K, V, M=200, algorithm="flash2")
+    sim = simulate_traffic(Q, K, V, sram=200, algorithm="flash2")
     b = tile_size(4, 200)
     trace = sim.trace
     assert len(trace.m) == -(-50 // b) > 1
@@ -67,5 +67,5 @@ def test_bad_input_is_rejected():
         simulate_traffic(Q, np.zeros((9, 4)), Q, 500)
     with pytest.raises(ValueError, match="2-D array"):
         simulate_traffic(Q[None], Q, Q, 500)
-    with pytest.raises(ValueError, match="sequence length N must be positive"):
+    with pytest.raises(ValueError, match="sequence length L must be positive"):
         traffic_breakdown(0, 4, 2000, "standard")

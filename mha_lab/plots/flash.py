@@ -18,14 +18,14 @@ _LABELS = {"standard": "standard (S, P in slow memory)", "flash1": "FlashAttenti
            "flash2": "FlashAttention-2 (Q outer)"}
 
 
-def plot_tile_state(Q: np.ndarray, K: np.ndarray, V: np.ndarray, M: int) -> Figure:
+def plot_tile_state(Q: np.ndarray, K: np.ndarray, V: np.ndarray, sram: int) -> Figure:
     """Query row 0's m, ℓ and acc / ℓ after each key tile of ``simulate_traffic``'s FlashAttention-2 loop.
 
-    Shapes: Q, K, V (N, d). Three panels against the number of key tiles seen: the running max m with
+    Shapes: Q, K, V (L, d_k). Three panels against the number of key tiles seen: the running max m with
     the largest score of each tile, the normaliser ℓ, and the running output acc / ℓ (its first
     components) approaching the exact output, drawn dashed.
     """
-    sim = simulate_traffic(Q, K, V, M, "flash2")
+    sim = simulate_traffic(Q, K, V, sram, "flash2")
     trace, n = sim.trace, np.arange(1, len(sim.trace.m) + 1)
     b = -(-len(K) // len(n))  # keys per tile
     scores = Q[0] @ K.T / np.sqrt(Q.shape[1])  # (N,)
@@ -51,39 +51,39 @@ def plot_tile_state(Q: np.ndarray, K: np.ndarray, V: np.ndarray, M: int) -> Figu
     return check(fig)
 
 
-def plot_traffic_vs_fast_memory(N: int, d: int, Ms: Sequence[int], dtype: str = "float16") -> Figure:
-    """Bytes moved between slow and fast memory by one head's forward against the fast-memory size M (elements),
-    for each algorithm of ``mha_lab.traffic``, on log-log axes, with the slope -1 of Θ(N²d²/M) for reference."""
+def plot_traffic_vs_fast_memory(L: int, d_k: int, srams: Sequence[int], dtype: str = "float16") -> Figure:
+    """Bytes moved between slow and fast memory by one head's forward against the fast-memory size (elements),
+    for each algorithm of ``mha_lab.traffic``, on log-log axes, with the slope -1 of Θ(L² d_k² / sram)."""
     fig, ax = new_figure(3.6)
-    Ms = np.asarray(Ms)
-    kib = Ms * 2 / 2**10 if dtype == "float16" else Ms
+    srams = np.asarray(srams)
+    kib = srams * 2 / 2**10 if dtype == "float16" else srams
     for algorithm in ALGORITHMS:
-        ax.plot(kib, [hbm_traffic(N, d, int(M), algorithm, dtype) / 2**20 for M in Ms], "o-",
+        ax.plot(kib, [hbm_traffic(L, d_k, int(M), algorithm, dtype) / 2**20 for M in srams], "o-",
                 label=_LABELS[algorithm])
-    ref = hbm_traffic(N, d, int(Ms[0]), "flash2", dtype) / 2**20 * Ms[0] / Ms
-    ax.plot(kib, ref, ":", color="gray", label=r"$\propto 1/M$")
+    ref = hbm_traffic(L, d_k, int(srams[0]), "flash2", dtype) / 2**20 * srams[0] / srams
+    ax.plot(kib, ref, ":", color="gray", label=r"$\propto 1/M_\mathrm{SRAM}$")
     ax.set_xscale("log", base=2)
     ax.xaxis.set_major_formatter(ScalarFormatter())
     ax.set_yscale("log")
-    ax.set_xlabel("fast memory M (KiB of fp16)" if dtype == "float16" else "fast memory M (elements)")
+    ax.set_xlabel("fast memory (KiB of fp16)" if dtype == "float16" else "fast memory (elements)")
     ax.set_ylabel("slow-memory traffic (MiB)")
     legend_outside(ax, "right")
     return check(fig)
 
 
-def traffic_table(N: int, d: int, Ms: Sequence[int], seed: int = 0) -> str:
-    """Slow-memory traffic of one head's forward (elements) for each algorithm and fast-memory size M: the
-    closed form of ``traffic_breakdown`` next to the count of ``simulate_traffic`` on random Q, K, V (N, d)."""
-    Q, K, V = np.random.default_rng(seed).standard_normal((3, N, d))
+def traffic_table(L: int, d_k: int, srams: Sequence[int], seed: int = 0) -> str:
+    """Slow-memory traffic of one head's forward (elements) for each algorithm and fast-memory size: the
+    closed form of ``traffic_breakdown`` next to the count of ``simulate_traffic`` on random Q, K, V (L, d_k)."""
+    Q, K, V = np.random.default_rng(seed).standard_normal((3, L, d_k))
     rows = []
-    for M in Ms:
+    for M in srams:
         for algorithm in ALGORITHMS:
-            formula = traffic_breakdown(N, d, M, algorithm)
+            formula = traffic_breakdown(L, d_k, M, algorithm)
             sim = simulate_traffic(Q, K, V, M, algorithm)
             total = sum(formula["reads"].values()) + sum(formula["writes"].values())
             counted = sum(sim.reads.values()) + sum(sim.writes.values())
             sp = sum(c.get(a, 0) for c in (formula["reads"], formula["writes"]) for a in "SP")
-            rows.append((f"{M:,}", tile_size(d, M), _LABELS[algorithm], f"{total:,}", f"{counted:,}",
-                         f"{sp / total:.0%}", f"{hbm_traffic(N, d, M, algorithm) / 2**20:.1f}"))
-    return markdown_table(["M (elements)", "tile b", "algorithm", "formula (elements)", "simulated (elements)",
-                           "S and P", "fp16 (MiB)"], rows)
+            rows.append((f"{M:,}", tile_size(d_k, M), _LABELS[algorithm], f"{total:,}", f"{counted:,}",
+                         f"{sp / total:.0%}", f"{hbm_traffic(L, d_k, M, algorithm) / 2**20:.1f}"))
+    return markdown_table(["fast memory (elements)", "tile b", "algorithm", "formula (elements)",
+                           "simulated (elements)", "S and P", "fp16 (MiB)"], rows)
