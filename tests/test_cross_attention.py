@@ -146,3 +146,9 @@ def test_torch_module_rejects_bad_cross_inputs():
         module(x, x_kv=torch.zeros(2, 3, 8))
     with pytest.raises(ValueError, match=r"\(B, h, L_q, L_k\)"):
         module(x, torch.ones(4, 4, dtype=torch.bool), x_kv=torch.zeros(2, 6, 8))
+
+
+def test_triton_backend_names_its_length_limit_for_cross_attention():
+    module = TorchMHA(32, 2, backend="triton")
+    with pytest.raises(ValueError, match="L_k=5 and L_q=3"):
+        module(torch.zeros(1, 3, 32), x_kv=torch.zeros(1, 5, 32))

@@ -277,6 +277,9 @@ class MultiHeadAttention(nn.Module):
         """Our Triton flash kernel (imported here, so that the other backends never need Triton)."""
         if mask is not None:
             raise ValueError("the triton backend takes no attn_mask (only causal=True); use backend='sdpa'")
+        if k.shape[-2] != q.shape[-2]:
+            raise ValueError(f"the triton kernel needs as many keys as queries, got L_k={k.shape[-2]} and "
+                             f"L_q={q.shape[-2]}; use backend='sdpa' for cross-attention of different lengths")
         try:
             from mha_lab.cuda.flash import flash_attention
         except ImportError as err:
