@@ -224,12 +224,14 @@ class GroupedQueryAttention(AttentionLayer):
             return g
         return self._group(g).sum(axis=2)  # (B, h, L, d) -> (B, h_kv, n_rep, L, d) -> (B, h_kv, L, d)
 
-    def backward(self, grad_out: np.ndarray) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+    def backward(self, grad_out: np.ndarray
+                 ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
         """The seven steps of the chain rule, in reverse order of the forward.
 
-        Stores grad_W_Q, grad_W_K, grad_W_V, grad_W_O (and grad_b_* with bias). After self-attention
-        it returns dL/dX of shape (B, L, d_model), the sum of the Q, K and V branches; after
-        cross-attention, the pair (dL/dX of shape (B, L_q, d_model), dL/dX_kv of shape (B, L_k, d_model)):
+        Stores grad_W_Q, grad_W_K, grad_W_V, grad_W_O (and grad_b_* with bias).
+        After self-attention it returns dL/dX of shape (B, L, d_model), the sum of
+        the Q, K and V branches. After cross-attention it returns the pair
+        (dL/dX, dL/dX_kv), of shapes (B, L_q, d_model) and (B, L_k, d_model):
         the Q branch reaches X, the K and V branches reach X_kv.
         """
         c = self._cached()
@@ -261,10 +263,12 @@ class GroupedQueryAttention(AttentionLayer):
         # step 6: head split -> (B, h, L, d_k) -> (B, L, h*d_k)
         grads = {"Q": merge_heads(grad_Q), "K": merge_heads(grad_K),
                  "V": merge_heads(grad_V)}
-        # step 7: projections -> grad_W_Q/K/V; X fed Q, X_kv fed K and V (the same array for self-attention)
+        # step 7: projections -> grad_W_Q/K/V; X fed Q, X_kv fed K and V
+        # (in self-attention X_kv is X, and its gradient is the sum of all three)
         X, X_kv = c["X"], c["X"] if c["X_kv"] is None else c["X_kv"]
         grad_X = self.project_backward(X, grads["Q"], "Q")
-        grad_X_kv = self.project_backward(X_kv, grads["K"], "K") + self.project_backward(X_kv, grads["V"], "V")
+        grad_X_kv = (self.project_backward(X_kv, grads["K"], "K")
+                     + self.project_backward(X_kv, grads["V"], "V"))
         if c["X_kv"] is None:
             return grad_X + grad_X_kv
         return grad_X, grad_X_kv

@@ -92,16 +92,18 @@ def _block_scores(q: np.ndarray, k: np.ndarray, qs: int, ks: int, causal: bool,
     return s
 
 
-def online_softmax_step(m_i: np.ndarray, l_i: np.ndarray, acc: np.ndarray, s: np.ndarray,
-                        v: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    r"""One key block's update of a query tile's running state; ``s`` (the block's scores) is overwritten.
+def online_softmax_step(m_i: np.ndarray, l_i: np.ndarray, acc: np.ndarray,
+                        s: np.ndarray, v: np.ndarray
+                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    r"""One key block's update of a query tile's running state; overwrites ``s``.
 
-    .. math:: m' = \max(m, \max_j s_j), \quad \ell' = e^{m - m'} \ell + \sum_j e^{s_j - m'}, \quad
+    .. math:: m' = \max(m, \max_j s_j), \quad
+              \ell' = e^{m - m'} \ell + \sum_j e^{s_j - m'}, \quad
               \mathrm{acc}' = e^{m - m'} \mathrm{acc} + e^{s - m'} v
 
-    Shapes: m_i, l_i (..., bq, 1); acc (..., bq, d_v); s (..., bq, bk); v (..., bk, d_v).
-    Returns the new (m_i, l_i, acc); ``acc`` is updated in place. A row whose scores are all
-    -inf so far keeps m = -inf and l = acc = 0.
+    Shapes: m_i, l_i (..., bq, 1); acc (..., bq, d_v); s (..., bq, bk);
+    v (..., bk, d_v). Returns the new (m_i, l_i, acc); ``acc`` is updated in
+    place. A row whose scores are all -inf so far keeps m = -inf, l = acc = 0.
     """
     m_new = np.maximum(m_i, s.max(axis=-1, keepdims=True))
     # rows masked so far stay at zero
