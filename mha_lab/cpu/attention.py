@@ -180,8 +180,10 @@ class GroupedQueryAttention(AttentionLayer):
         # 7. output projection
         out = self.project(concat, "O")
         self.attention_weights = A
-        # K, V: h_kv heads; X_kv is None for self-attention
-        self._cache = {"X": X, "X_kv": X_kv if cross else None, "Q": Q, "K": K, "V": V, "A": A, "concat": concat}
+        # K, V: h_kv heads
+        self._cache = {"X": X, "Q": Q, "K": K, "V": V, "A": A, "concat": concat}
+        if cross:  # self-attention caches X once
+            self._cache["X_kv"] = X_kv
         return out
 
     def _check_kv_input(self, X_kv: np.ndarray, X: np.ndarray) -> np.ndarray:
@@ -265,11 +267,11 @@ class GroupedQueryAttention(AttentionLayer):
                  "V": merge_heads(grad_V)}
         # step 7: projections -> grad_W_Q/K/V; X fed Q, X_kv fed K and V
         # (in self-attention X_kv is X, and its gradient is the sum of all three)
-        X, X_kv = c["X"], c["X"] if c["X_kv"] is None else c["X_kv"]
+        X, X_kv = c["X"], c.get("X_kv", c["X"])
         grad_X = self.project_backward(X, grads["Q"], "Q")
         grad_X_kv = (self.project_backward(X_kv, grads["K"], "K")
                      + self.project_backward(X_kv, grads["V"], "V"))
-        if c["X_kv"] is None:
+        if "X_kv" not in c:
             return grad_X + grad_X_kv
         return grad_X, grad_X_kv
 
