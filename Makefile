@@ -44,7 +44,7 @@ assignments: $(STAMP)
 	for a in $(if $(A),$(A),$$(ls solutions)); do PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/nbgrader generate_assignment "$$a" --force; done
 
 # The students' download, _build/student/mha_lab_student.zip: the releases and the package they
-# import, no solutions or hidden checks. `make book` builds it first: chapter 11 links it.
+# import, no solutions or hidden checks. `make book` builds it first: the grading chapter links it.
 student-pack: $(STAMP)
 	$(BIN)/python -m mha_lab student-pack
 

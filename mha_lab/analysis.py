@@ -18,7 +18,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "flops_breakdown", "count_flops", "backward_flops_breakdown", "count_backward_flops", "memory_breakdown",
-    "count_memory_bytes", "dtype_bytes", "DType", "ModelConfig", "MODEL_CONFIGS", "kv_cache_bytes", "decode_step_cost",
+    "count_memory_bytes", "dtype_bytes", "DType", "ModelConfig", "MODEL_CONFIGS", "DEEPSEEK_V2",
+    "kv_elements_per_token", "kv_cache_bytes", "decode_step_cost",
     "GPU_PEAKS", "gib", "gb",
 ]
 
@@ -144,7 +145,11 @@ def count_memory_bytes(batch_size: int, seq_len: int, d_model: int, n_heads: int
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """The attention shape of a model: enough to size its FLOPs and its KV cache."""
+    """The attention shape of a model: enough to size its FLOPs and its KV cache.
+
+    A model with multi-head latent attention (MLA) also gives ``kv_latent_dim`` (:math:`d_c`) and
+    ``rope_head_dim`` (:math:`d^R_h`): it caches those, not its heads' keys and values.
+    """
 
     name: str
     n_layers: int
@@ -154,10 +159,14 @@ class ModelConfig:
     head_dim: int
     sliding_window: int | None = None
     max_context: int | None = None  # the longest context the model was trained for, in tokens
+    kv_latent_dim: int | None = None  # MLA's d_c
+    rope_head_dim: int | None = None  # MLA's decoupled RoPE key d_h^R
 
     @property
     def kind(self) -> str:
-        """ "MHA", "MQA" or "GQA" from the ratio of query to key/value heads."""
+        """ "MLA" with a latent, else "MHA", "MQA" or "GQA" from the ratio of query to key/value heads."""
+        if self.kv_latent_dim is not None:
+            return "MLA"
         if self.n_kv_heads == self.n_heads:
             return "MHA"
         return "MQA" if self.n_kv_heads == 1 else "GQA"
@@ -179,6 +188,13 @@ MODEL_CONFIGS: dict[str, ModelConfig] = {c.name: c for c in [
 ]}
 
 
+# DeepSeek-V2 (arXiv 2405.04434, section 3.1 and Table 1): 60 layers, 128 heads of 128, d_c = 512,
+# d_h^R = 64, 128K context. Kept apart from MODEL_CONFIGS: its heads are not d_model wide in all
+# (128 * 128 != 5120) and its cache is not 2 K/V heads per layer.
+DEEPSEEK_V2 = ModelConfig("DeepSeek-V2", n_layers=60, d_model=5120, n_heads=128, n_kv_heads=128, head_dim=128,
+                          max_context=131072, kv_latent_dim=512, rope_head_dim=64)
+
+
 GPU_PEAKS: dict[str, tuple[float, float]] = {
     # datasheet peaks: dense 16-bit tensor-core FLOP/s, and memory bandwidth in bytes/s
     "A100 SXM 80GB": (312e12, 2.039e12),
@@ -186,16 +202,27 @@ GPU_PEAKS: dict[str, tuple[float, float]] = {
 }
 
 
-def kv_cache_bytes(config: ModelConfig, seq_len: int, batch_size: int = 1, dtype: DType = "float16") -> int:
-    r"""Bytes of the key/value cache: :math:`2 \cdot n_{layers} \cdot g \cdot d_k \cdot L \cdot B` elements.
+def kv_elements_per_token(config: ModelConfig) -> int:
+    r"""Numbers cached per token and layer: :math:`2 g d_k` (one K and one V per K/V head), or
+    :math:`d_c + d^R_h` for MLA (the latent and the shared RoPE key)."""
+    if config.kv_latent_dim is not None:
+        if config.rope_head_dim is None:
+            raise ValueError(f"{config.name} has kv_latent_dim but no rope_head_dim")
+        return config.kv_latent_dim + config.rope_head_dim
+    return 2 * config.n_kv_heads * config.head_dim
 
-    The leading 2 is one K and one V per layer. A model with a sliding window keeps at most
+
+def kv_cache_bytes(config: ModelConfig, seq_len: int, batch_size: int = 1, dtype: DType = "float16") -> int:
+    r"""Bytes of the key/value cache: ``kv_elements_per_token`` :math:`\cdot\, n_{layers} \cdot L \cdot B` elements.
+
+    Without a latent that is :math:`2 \cdot n_{layers} \cdot g \cdot d_k \cdot L \cdot B`: one K and one V
+    per layer. A model with a sliding window keeps at most
     ``sliding_window`` positions (a rolling buffer), so its cache stops growing there.
     """
     if seq_len < 0 or batch_size < 1:
         raise ValueError(f"seq_len must be >= 0 and batch_size >= 1, got {seq_len} and {batch_size}")
     positions = seq_len if config.sliding_window is None else min(seq_len, config.sliding_window)
-    return 2 * config.n_layers * config.n_kv_heads * config.head_dim * positions * batch_size * dtype_bytes(dtype)
+    return kv_elements_per_token(config) * config.n_layers * positions * batch_size * dtype_bytes(dtype)
 
 
 def decode_step_cost(d_model: int, n_heads: int, n_kv_heads: int, context_len: int, batch_size: int = 1,

@@ -30,7 +30,7 @@ def numerical_gradient(f: Callable[[], float], x: np.ndarray, eps: float = 1e-5)
 
 
 def relative_error(analytical: np.ndarray, numerical: np.ndarray, zero_tol: float = 1e-8) -> float:
-    r"""Largest elementwise :math:`|a - n| / (|a| + |n| + 10^{-8})` (the formula of chapter 5's gradient check).
+    r"""Largest elementwise :math:`|a - n| / (|a| + |n| + 10^{-8})` (ch-backward's gradient check).
 
     Entries where both gradients are below ``zero_tol`` count as equal: a gradient that is
     exactly zero (the key bias's, since softmax ignores a constant added to a whole row of
@@ -48,7 +48,7 @@ def check_layer_gradients(layer: AttentionLayer, X: np.ndarray, mask: np.ndarray
     """Relative error of the layer's backward against central differences, per parameter and for X.
 
     The loss is ``sum(forward(X) * G)`` for a fixed random G, so dL/d(out) = G.
-    Returns ``{"W_Q": err, ..., "X": err}``; an error below 1e-5 passes, as in chapter 5's gradient check.
+    Returns ``{"W_Q": err, ..., "X": err}``; an error below 1e-5 passes, as in the backward chapter's gradient check.
     With ``X_kv`` the layer runs cross-attention (``forward(X, mask, X_kv=X_kv)``) and the result
     also has ``"X_kv"``, the error of the gradient that reaches the keys' and values' input.
     """

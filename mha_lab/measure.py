@@ -21,7 +21,8 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 
 __all__ = ["interleaved_times", "median_time", "traced_memory", "torch_peak_memory",
-           "fit_exponent", "gemm_flops_per_second", "read_bytes_per_second", "blas_threads", "machine_info"]
+           "fit_exponent", "gemm_flops_per_second", "read_bytes_per_second", "last_level_cache_bytes",
+           "torch_ops_called", "blas_threads", "machine_info"]
 
 
 def interleaved_times(fns: dict[str, Callable[[], object]], repeat: int = 5, warmup: int = 1,
@@ -105,6 +106,15 @@ def torch_peak_memory(fn: Callable[[], object]) -> int:
     return int(peak)
 
 
+def torch_ops_called(fn: Callable[[], object]) -> set[str]:
+    """Names of the PyTorch operators (``aten::...``) that ``fn()`` ran, from ``torch.profiler``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with _stderr_silenced(), profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    return {e.name for e in prof.events()}
+
+
 def gemm_flops_per_second(n: int = 1024, dtype: str = "float32", repeat: int = 5) -> float:
     """FLOP/s of an (n, n) @ (n, n) BLAS matrix product, 2n^3 FLOPs: the arithmetic ceiling here."""
     rng = np.random.default_rng(0)
@@ -112,13 +122,37 @@ def gemm_flops_per_second(n: int = 1024, dtype: str = "float32", repeat: int = 5
     return 2 * n**3 / median_time(lambda: a @ b, repeat=repeat)
 
 
-def read_bytes_per_second(n_bytes: int = 2**28, repeat: int = 5) -> float:
-    """Bytes per second at which NumPy reads (sums) an array of ``n_bytes``: the memory ceiling here.
+def last_level_cache_bytes() -> int | None:
+    """Size in bytes of the largest CPU cache that Linux reports for CPU 0; None where it reports none."""
+    sizes = {}
+    for index in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*"):
+        try:
+            with open(os.path.join(index, "level")) as f, open(os.path.join(index, "size")) as g:
+                level, size = int(f.read()), g.read().strip()
+        except (OSError, ValueError):
+            continue
+        units = {"K": 2**10, "M": 2**20, "G": 2**30}
+        sizes[level] = int(size[:-1]) * units[size[-1]] if size[-1] in units else int(size)
+    return sizes[max(sizes)] if sizes else None
 
-    The array is far larger than the CPU caches, so every byte comes from main memory.
+
+def read_bytes_per_second(n_bytes: int | None = None, repeat: int = 5) -> float:
+    """Bytes per second at which a BLAS matrix-vector product reads a float32 matrix of ``n_bytes``:
+    the memory ceiling here, for the same kind of operation as a decoding step.
+
+    By default the matrix is twice the last-level cache (at least 256 MiB, at most 1 GiB), so that
+    its bytes come from main memory. The time is
+    the fastest of ``repeat`` runs: other work on the machine only ever slows a read down. A
+    matrix-vector product streams memory faster than ``np.sum`` does on one thread, so a sum would
+    understate the ceiling.
     """
-    x = np.ones(n_bytes // 8)
-    return x.nbytes / median_time(x.sum, repeat=repeat)
+    if n_bytes is None:
+        n_bytes = min(2**30, max(2**28, 2 * (last_level_cache_bytes() or 0)))
+    cols = 1024
+    m = np.ones((max(1, n_bytes // (4 * cols)), cols), dtype=np.float32)  # (rows, cols), n_bytes in all
+    v = np.ones(cols, dtype=np.float32)
+    seconds = interleaved_times({"matvec": lambda: m @ v}, repeat=repeat, statistic="min")["matvec"]
+    return m.nbytes / seconds
 
 
 def fit_exponent(xs: Sequence[float], ys: Sequence[float]) -> float:

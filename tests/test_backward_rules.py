@@ -1,4 +1,4 @@
-"""Every backward rule in the table of basic operations (chapter 6), against central differences.
+"""Every backward rule in the table of basic operations (ch-flops, "The basic operations"), against central differences.
 
 Each test writes the rule exactly as the table states it, builds the loss sum(f(x) * G) for a
 fixed random G (so dL/dy = G), and compares the rule with ``numerical_gradient``.

@@ -74,3 +74,19 @@ def test_blas_threads_are_set_and_read_back():
         assert blas_threads(1) == 1
     finally:
         blas_threads(before)
+
+
+def test_last_level_cache_is_the_largest_reported_cache():
+    from mha_lab.measure import last_level_cache_bytes
+
+    size = last_level_cache_bytes()
+    assert size is None or size >= 2**16  # no processor this runs on has a last-level cache under 64 KiB
+
+
+def test_torch_ops_called_names_the_operators_that_ran():
+    torch = pytest.importorskip("torch")
+    from mha_lab.measure import torch_ops_called
+
+    ops = torch_ops_called(lambda: torch.ones(2, 3) @ torch.ones(3, 2))
+    assert "aten::mm" in ops and "aten::repeat_interleave" not in ops
+    assert "aten::repeat_interleave" in torch_ops_called(lambda: torch.ones(2).repeat_interleave(2))

@@ -22,7 +22,7 @@ def test_kv_cache_table_has_the_llama2_70b_figures():
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[4] == "8" and cells[6] == "GQA"
     assert cells[8] == "320"  # KiB per token
-    assert cells[9] == "1.25" and cells[10] == "1.34"  # GiB and GB at 4096 tokens
+    assert cells[9] == "1.25" and len(cells) == 10  # GiB at 4096 tokens (the chapter gives GB in its text)
 
 
 def test_flops_table_ratio_is_2d_over_L():

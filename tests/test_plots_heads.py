@@ -41,8 +41,12 @@ def test_toy_figures():
     fig = plot_toy_heads(runs["2 heads"].model, runs["2 heads"].eval_batch)
     assert len(_panels(fig)) == 2
     assert _panels(fig)[0].images[0].get_array().shape == (task.half, task.seq_len)
-    ax = plot_toy_training(runs).axes[0]
-    assert len(ax.lines) == 2 and "loss" in ax.get_ylabel() and "step" in ax.get_xlabel()
+    ax = plot_toy_training(runs, window=2).axes[0]
+    assert len(ax.lines) == 4 and "loss" in ax.get_ylabel() and "step" in ax.get_xlabel()
+    mean, raw = ax.lines[0], ax.lines[1]  # each run: its running mean, then its raw losses, faint
+    losses = runs["1 head"].losses
+    assert np.allclose(mean.get_ydata(), [(a + b) / 2 for a, b in zip(losses[:-1], losses[1:], strict=True)])
+    assert np.allclose(raw.get_ydata(), losses) and raw.get_alpha() < 0.5
 
 
 # mha_lab.plots.layout: the head-split memory figure of the reshape chapter
@@ -73,8 +77,9 @@ def test_loop_vs_fused_timing_records_and_figure(monkeypatch):
     from mha_lab.plots import layout
     from mha_lab.plots.layout import plot_loop_vs_fused, time_loop_vs_fused
 
-    def fake_times(fns, repeat):
+    def fake_times(fns, repeat, statistic):
         """Runs each candidate once (both must compute the same layer) and reports known times."""
+        assert statistic == "min"
         assert_close(fns["loop"]()[0], fns["fused"]())
         return times.pop(0)
 

@@ -13,6 +13,7 @@ from mha_lab.plots.style import (  # noqa: E402
     FIGURE_WIDTH_IN,
     FigureStyleError,
     legend_outside,
+    log_ticks,
     new_figure,
     style_problems,
     to_svg,
@@ -53,7 +54,7 @@ def test_small_text_is_refused_at_save_time():
     fig, ax = new_figure(3)
     ax.plot([0, 1], [0, 1])
     ax.set_title("tiny", fontsize=6)
-    with pytest.raises(FigureStyleError, match="text below 10 px.*'tiny'"):
+    with pytest.raises(FigureStyleError, match="text below 10 pt.*'tiny'"):
         to_svg(fig)
 
 
@@ -76,3 +77,33 @@ def test_a_figure_of_another_width_is_refused():
     with pytest.raises(FigureStyleError, match="11 in wide"):
         to_svg(fig)
     plt.close(fig)
+
+
+def test_overlapping_tick_labels_are_refused_and_log_ticks_fixes_them():
+    fig, ax = new_figure(3)
+    ax.semilogx([200, 900], [0, 1])  # under a decade: the default labels the minor ticks, crowded
+    ax.set_xticks([200, 210], ["two hundred", "two hundred and ten"])
+    with pytest.raises(FigureStyleError, match="tick labels overlap on the x axis"):
+        to_svg(fig)
+    fig, ax = new_figure(3)
+    ax.semilogx([200, 900], [0, 1])
+    log_ticks(ax.xaxis)
+    assert style_problems(fig) == []
+    assert [t.get_text() for t in ax.xaxis.get_ticklabels() if 200 <= t.get_position()[0] <= 900] == ["200", "500"]
+
+
+def test_a_log_axis_with_one_label_is_refused():
+    fig, ax = new_figure(3)
+    ax.semilogy([1, 2], [2.2, 3.8])  # inside one decade, with no labelled minor ticks
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    with pytest.raises(FigureStyleError, match="log y axis .* fewer than two labelled ticks"):
+        to_svg(fig)
+
+
+def test_a_legend_larger_than_its_plot_is_refused():
+    fig, ax = new_figure(1.6)
+    for i in range(8):
+        ax.plot([0, 1], [i, i], label=f"a long legend entry that names line number {i} in full")
+    legend_outside(ax, "right")
+    with pytest.raises(FigureStyleError, match="legend is larger than the plot"):
+        to_svg(fig)

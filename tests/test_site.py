@@ -3,11 +3,14 @@
 The book is built once per session (``built_site`` in conftest.py), served from ``_build/html`` on
 127.0.0.1, and every HTML page is loaded. Requests to any other host are aborted, so the check also
 proves the site works offline (MathJax and mermaid are vendored in ``book/_static/vendor``).
-Pages are read at 1400 px, where the layout checks apply: no code, output or table wider than its
-column, no raw LaTeX or build plumbing in the text, a summary in every chapter and a numbered caption
-under every figure. (The size of the text inside figures is checked when ``mha_lab.plots`` saves
-them.) Screenshots land in ``_build/screenshots/``: the home, notation and first chapter pages, and
-chapters 2, 3 and 9 at 1400 px and at phone width.
+Pages are read at 1280 px, where the layout checks apply: no code, output, table or display equation
+wider than its column, no raw LaTeX or build plumbing in the text or in any link's text, a summary in
+every chapter and a numbered caption under every figure. Text inside figures is at least 10 pt as
+displayed: ``mha_lab.plots`` checks each figure's text (and that its tick labels do not overlap) at
+its natural size when it saves it, and this test checks that no figure is shown smaller than that;
+the mermaid diagrams are checked here, for text size and overlapping labels. Screenshots land in
+``_build/screenshots/``: the home, notation and first chapter pages, and chapters 2 and 3 and
+the tensor-parallel chapter at 1280 px and at phone width.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ CHROMIUM_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
     "--disable-component-update", "--disable-sync", "--disable-quic",
 ]
-WIDTH = 1400
+WIDTH = 1280
 PHONE_WIDTH = 390
 SCREENSHOT_PAGES = ["book/intro.html", "book/notation.html", "book/01_intuition.html", "book/02_math.html",
                     "book/03_reshape.html", "book/09_tensor_parallel.html"]
@@ -94,6 +97,36 @@ LAYOUT_REPORT_JS = r"""
       const box = t.parentElement;  // the theme wraps each table in a box that scrolls
       return t.scrollWidth > t.clientWidth + 1 || t.getBoundingClientRect().width > box.clientWidth + 1;
     }).map(t => (t.querySelector('tr') || t).innerText.replace(/\s+/g, ' ').slice(0, 60)),
+    // link texts (table of contents, cross-references, navigation) that show TeX source
+    texLinks: [...document.querySelectorAll('a')].map(a => {
+      const c = a.cloneNode(true); c.querySelectorAll('mjx-container, script').forEach(e => e.remove());
+      return c.textContent.replace(/\s+/g, ' ').trim();
+    }).filter(t => /\\[A-Za-z]+|\$|\^\{|_\{/.test(t)),
+    wideMath: [...article.querySelectorAll('mjx-container[display="true"]')]
+      .filter(m => m.getClientRects().length && m.scrollWidth > m.clientWidth + 1)
+      .map(m => `${m.scrollWidth - m.clientWidth} px too wide, under "${(m.closest('section') &&
+        m.closest('section').querySelector('h1, h2, h3') || {innerText: '?'}).innerText.trim().slice(0, 50)}"`),
+    // a figure shown narrower than its natural size: its text, checked at that size, is then below 10 pt
+    shrunkFigures: [...article.querySelectorAll('.cell_output img, figure img')]
+      .filter(i => i.naturalWidth && i.getClientRects().length && i.clientWidth < i.naturalWidth - 1)
+      .map(i => `${i.src.split('/').pop()} at ${Math.round(100 * i.clientWidth / i.naturalWidth)}%`),
+    // mermaid diagrams: text size as displayed (the SVG is scaled to its box) and labels that overlap
+    diagrams: [...article.querySelectorAll('.mermaid svg')].map(svg => {
+      const view = svg.viewBox && svg.viewBox.baseVal;
+      const scale = view && view.width ? svg.getBoundingClientRect().width / view.width : 1;
+      const labels = [...svg.querySelectorAll('.nodeLabel, .edgeLabel .label span, .edgeLabel p, text')]
+        .filter(e => e.textContent.trim() && !e.querySelector('.nodeLabel, p, span'));
+      const px = Math.min(...labels.map(e => parseFloat(getComputedStyle(e).fontSize) * scale));
+      const boxes = labels.map(e => [e.textContent.trim(), e.getBoundingClientRect()]);
+      const overlaps = [];
+      boxes.forEach(([a, r], i) => boxes.slice(i + 1).forEach(([b, q]) => {
+        if (Math.min(r.right, q.right) - Math.max(r.left, q.left) > 1 &&
+            Math.min(r.bottom, q.bottom) - Math.max(r.top, q.top) > 1) {
+          overlaps.push(`${a.slice(0, 25)} / ${b.slice(0, 25)}`);
+        }
+      }));
+      return {minPt: px * 72 / 96, overlaps};
+    }),
     crushedCells: [...article.querySelectorAll('td, th')].filter(c => c.scrollWidth > c.clientWidth + 1)
       .map(c => c.innerText.trim().slice(0, 30)),
     rawFloats: [...article.querySelectorAll('.cell_output pre, .cell_output td')].map(e => e.textContent)
@@ -247,6 +280,14 @@ def check_page(browser, base: str, root: Path, page_path: str, screenshot: Path 
     problems += [f"build plumbing on the page (make the cell remove-input): {t}" for t in report["plumbing"]]
     problems += [f"code or output wider than the column at {width} px: {t}" for t in report["wideBlocks"]]
     problems += [f"table wider than the column at {width} px: {t}" for t in report["wideTables"]]
+    problems += [f"display equation wider than the column at {width} px: {t}" for t in report["wideMath"]]
+    problems += [f"raw LaTeX in a link's text: {t!r}" for t in report["texLinks"]]
+    problems += [f"figure shown below its natural size, so its text falls under 10 pt: {t}"
+                 for t in report["shrunkFigures"]]
+    for i, d in enumerate(report["diagrams"], 1):
+        if d["minPt"] < 10 - 0.05:
+            problems.append(f"diagram {i}: text of {d['minPt']:.1f} pt as displayed (at least 10 pt)")
+        problems += [f"diagram {i}: labels overlap: {o}" for o in d["overlaps"][:3]]
     problems += [f"table cell too narrow for its content: {t!r}" for t in report["crushedCells"][:5]]
     problems += [f"error output on the page: {t}" for t in report["errors"]]
     problems += [f"unrounded number in an output (round it to what it means): {t}" for t in report["rawFloats"]]
@@ -276,8 +317,9 @@ def test_every_page_renders_offline(built_site: Path, server: str, browser):
         problems = check_page(browser, server, built_site, page_path, shot.with_suffix(".png") if shot else None)
         if page_path in PHONE_SCREENSHOT_PAGES:  # the layout rules are for the desktop width; this is a look
             phone = shots / (re.sub(r"\W", "_", page_path.removesuffix(".html")) + "_phone.png")
+            sizing = ("wider than the column", "too narrow", "below its natural size", "pt as displayed")
             problems += [p for p in check_page(browser, server, built_site, page_path, phone, width=PHONE_WIDTH)
-                         if "wider than the column" not in p and "too narrow" not in p]
+                         if not any(s in p for s in sizing)]
         if problems:
             failures[page_path] = problems
     report = "\n".join(f"{page}:\n  " + "\n  ".join(p) for page, p in failures.items())
@@ -317,6 +359,14 @@ BROKEN_PAGE = """<!DOCTYPE html><html><head><title>Broken</title></head><body><a
 <div class="output error"><pre>FigureStyleError: text below 10 px</pre></div>
 <div class="cell_output"><pre>max |wrong - right| = 8.881784197001252e-16</pre></div>
 <figure><img src="plot.png"><figcaption>no number</figcaption></figure>
+<a href="#top">without the L \\times L matrix</a>
+<div style="width: 300px"><figure><img style="max-width: 100%"
+  src="data:image/svg+xml,%3Csvg xmlns='http://www.w3.org/2000/svg' width='600' height='40'%3E%3C/svg%3E">
+  <figcaption>Fig. 1.1 A figure squeezed to half its size</figcaption></figure></div>
+<div class="mermaid"><svg viewBox="0 0 1000 100" width="300" height="30">
+  <text x="10" y="50" font-size="16">a label</text><text x="14" y="52" font-size="16">on a label</text></svg></div>
+<mjx-container display="true" style="display: block; width: 200px; overflow: hidden">
+  <span style="display: inline-block; width: 500px">x</span></mjx-container>
 <script>throw new Error("boom");</script>
 </article></body></html>"""
 
@@ -338,7 +388,9 @@ def test_checker_reports_every_kind_of_problem(tmp_path: Path, browser):
                      "image did not load", "mermaid diagram(s) not rendered", "broken link",
                      "TeX source shown as text", "build plumbing on the page", "code or output wider than the column",
                      "table wider than the column", "error output on the page", "figure without a numbered caption",
-                     "unrounded number in an output"]:
+                     "unrounded number in an output", "raw LaTeX in a link's text",
+                     "figure shown below its natural size", "diagram 1: text of 3.6 pt", "diagram 1: labels overlap",
+                     "display equation wider than the column"]:
         assert expected in problems, f"the checker missed {expected!r}; it reported:\n{problems}"
 
 

@@ -11,6 +11,7 @@ from mha_lab.cpu.functional import (
     softmax_backward,
     split_heads,
 )
+from mha_lab.cpu.latent import LatentAttention, LatentCache
 from mha_lab.cpu.memory import (
     Checkpointed,
     ChunkedLayer,
@@ -20,10 +21,22 @@ from mha_lab.cpu.memory import (
     head_by_head_forward,
 )
 from mha_lab.cpu.per_head import per_head_attention
+from mha_lab.cpu.positions import (
+    LearnedPositions,
+    RotaryAttention,
+    alibi_bias,
+    alibi_slopes,
+    apply_rope,
+    interleaved_to_half,
+    rotation_matrix,
+    sinusoidal_encoding,
+)
 
 __all__ = [
     "softmax", "softmax_backward", "create_causal_mask", "split_heads", "merge_heads", "repeat_kv",
     "scaled_dot_product_attention", "SelfAttention", "MultiHeadAttention", "GroupedQueryAttention",
     "per_head_attention", "head_by_head_forward", "chunked_forward", "chunked_attention", "chunked_attention_backward",
     "ChunkedLayer", "Checkpointed", "KVCache", "prefill", "decode_step",
+    "sinusoidal_encoding", "LearnedPositions", "apply_rope", "rotation_matrix", "interleaved_to_half",
+    "RotaryAttention", "alibi_slopes", "alibi_bias", "LatentAttention", "LatentCache",
 ]

@@ -279,7 +279,7 @@ class GroupedQueryAttention(AttentionLayer):
 class MultiHeadAttention(GroupedQueryAttention):
     r"""Multi-head attention with fused projections: every head has its own K and V.
 
-    .. math:: \mathrm{MultiHead}(X) = \mathrm{Concat}(\mathrm{head}_1, \dots, \mathrm{head}_h)\, W_O,
+    .. math:: \mathrm{MultiHead}(X) = \mathrm{Concat}(\mathrm{head}_0, \dots, \mathrm{head}_{h-1})\, W_O,
               \quad \mathrm{head}_i = \mathrm{softmax}\Big(\frac{Q_i K_i^\top}{\sqrt{d_k}} + M\Big) V_i
 
     Columns ``i*d_k:(i+1)*d_k`` of W_Q, W_K, W_V are head i's projections;

@@ -8,7 +8,8 @@ query heads: that is what grouped- and multi-query attention save.
 
 .. math:: z_t = \mathrm{softmax}\Big(\frac{q_t K_{\le t}^\top}{\sqrt{d_k}}\Big) V_{\le t}
 
-The layer is a ``mha_lab.cpu`` ``GroupedQueryAttention`` (or ``MultiHeadAttention``); its
+The layer is a ``mha_lab.cpu`` ``GroupedQueryAttention`` (or ``MultiHeadAttention``, or
+``RotaryAttention``, whose keys are cached already rotated at their absolute positions); its
 projections are used through its public interface, and the attention itself is
 ``scaled_dot_product_attention`` with ``enable_gqa``.
 """
@@ -20,6 +21,7 @@ import numpy as np
 from mha_lab import kv_cache
 from mha_lab.cpu.attention import GroupedQueryAttention
 from mha_lab.cpu.functional import check_rank, create_causal_mask, scaled_dot_product_attention
+from mha_lab.cpu.positions import RotaryAttention
 
 __all__ = ["KVCache", "prefill", "decode_step"]
 
@@ -48,6 +50,13 @@ def _check_layer_and_cache(layer: GroupedQueryAttention, X: np.ndarray, cache: K
                          "build it with KVCache.for_layer(layer, batch_size, ...)")
 
 
+def _project_qkv(layer: GroupedQueryAttention, X: np.ndarray, offset: int) -> tuple[np.ndarray, ...]:
+    """Q, K, V of tokens at positions offset, offset+1, ...: only a RoPE layer depends on the offset."""
+    if isinstance(layer, RotaryAttention):
+        return layer.project_qkv(X, offset)
+    return layer.project_qkv(X)
+
+
 def prefill(layer: GroupedQueryAttention, X: np.ndarray, cache: KVCache) -> np.ndarray:
     """Run the prompt X (B, L, d_model) causally, store its keys and values; returns (B, L, d_model).
 
@@ -57,7 +66,7 @@ def prefill(layer: GroupedQueryAttention, X: np.ndarray, cache: KVCache) -> np.n
     if cache.length:
         raise ValueError(f"prefill needs an empty cache, this one holds {cache.length} positions; "
                          "continue with decode_step")
-    Q, K, V = layer.project_qkv(X)  # (B, h, L, d_k), (B, h_kv, L, d_k), (B, h_kv, L, d_k)
+    Q, K, V = _project_qkv(layer, X, 0)  # (B, h, L, d_k), (B, h_kv, L, d_k), (B, h_kv, L, d_k)
     mask = create_causal_mask(X.shape[1], layer.dtype, window=cache.window)  # (1, 1, L, L)
     Z, _ = scaled_dot_product_attention(Q, K, V, mask, enable_gqa=True)  # (B, h, L, d_k)
     cache.append(K, V)
@@ -65,7 +74,7 @@ def prefill(layer: GroupedQueryAttention, X: np.ndarray, cache: KVCache) -> np.n
 
 
 def decode_step(layer: GroupedQueryAttention, x: np.ndarray,
-                cache: KVCache) -> np.ndarray:
+                cache: KVCache, offset: int | None = None) -> np.ndarray:
     """One new token per sequence against the cache.
 
     Shapes: x: (B, 1, d_model) -> (B, 1, d_model).
@@ -73,13 +82,19 @@ def decode_step(layer: GroupedQueryAttention, x: np.ndarray,
     Its key and value are appended first, so the token sees itself. No mask is
     needed: the cache holds exactly the positions the token may see (all, or the
     last W).
+
+    ``offset`` is the token's absolute position, by default ``cache.length``
+    (the positions seen so far); only a RoPE layer reads it. Code that tracks
+    positions itself passes it, and must advance it by one per token.
     """
     _check_layer_and_cache(layer, x, cache)
     if x.shape[1] != 1:
         raise ValueError("decode_step takes one token per sequence, "
                          "x (B, 1, d_model); "
                          f"got shape {x.shape}; run a prompt with prefill")
-    q, k, v = layer.project_qkv(x)  # (B, h, 1, d_k), (B, h_kv, 1, d_k) twice
+    offset = cache.length if offset is None else offset
+    # (B, h, 1, d_k), (B, h_kv, 1, d_k) twice
+    q, k, v = _project_qkv(layer, x, offset)
     cache.append(k, v)
     # h query heads against h_kv cached heads: (B, h, 1, d_k)
     z, _ = scaled_dot_product_attention(q, cache.keys, cache.values, enable_gqa=True)

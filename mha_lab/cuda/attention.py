@@ -83,7 +83,7 @@ def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
 class MultiHeadAttention(nn.Module):
     r"""Multi-head (and grouped-/multi-query) self-attention with the NumPy layer's weight layout.
 
-    .. math:: \mathrm{out} = \mathrm{Concat}(\mathrm{head}_1, \dots, \mathrm{head}_h)\, W_O + b_O, \quad
+    .. math:: \mathrm{out} = \mathrm{Concat}(\mathrm{head}_0, \dots, \mathrm{head}_{h-1})\, W_O + b_O, \quad
               \mathrm{head}_i = \mathrm{softmax}\Big(\frac{Q_i K_{g(i)}^\top}{\sqrt{d_k}} + M\Big) V_{g(i)}
 
     with :math:`Q = XW_Q + b_Q` (likewise K, V) and :math:`g(i) = i \,//\, (h / h_{kv})`:

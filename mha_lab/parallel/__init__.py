@@ -1,7 +1,7 @@
 """Tensor parallelism over heads (Megatron-LM): a NumPy simulation, then the real thing.
 
 - ``heads``: which query and key/value heads each of N devices holds (shared by everything below);
-- ``simulation``: N pretend devices in NumPy, the all-reduce a plain sum (what chapter 9 reads first);
+- ``simulation``: N pretend devices in NumPy, the all-reduce a plain sum (what the tensor-parallel chapter reads first);
 - ``cost``: weights per device and bytes per all-reduce, from the shapes;
 - ``layer``: ``TensorParallelAttention``, an ``nn.Module`` on a ``torch.distributed`` process group,
   with Megatron's ``f`` and ``g`` as autograd Functions;

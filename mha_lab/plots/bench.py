@@ -13,7 +13,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import NullFormatter
 
 from mha_lab.bench import TARGET_H, BenchResults
-from mha_lab.plots.style import check, legend_outside, new_figure
+from mha_lab.plots.style import check, legend_outside, log_ticks, new_figure
 
 __all__ = ["time_vs_length", "memory_vs_length", "implementations_bar", "save_figures"]
 
@@ -38,13 +38,20 @@ def _lines(results, section: str, key: str, scale: float, h: int, ylabel: str, t
     ax.set_xticks(Ls, [str(L) for L in Ls])
     ax.xaxis.set_minor_formatter(NullFormatter())  # label only the measured lengths
     ax.grid(True, which="major", alpha=0.3)
-    legend_outside(ax)
+    legend_outside(ax, "below", ncol=2)  # long names: beside the plot the legend would be as large as the plot
     return check(fig)
 
 
+def _statistic(results: BenchResults | dict) -> str:
+    """How the run reduced its repeats to one time, in words: "median" or "fastest"."""
+    config = results.config if isinstance(results, BenchResults) else results.get("config", {})
+    return "fastest" if config.get("statistic") == "min" else "median"
+
+
 def time_vs_length(results: BenchResults | dict, h: int = TARGET_H) -> Figure:
-    """Median forward time (ms) of every implementation against L, log-log."""
-    return _lines(results, "forward", "seconds", 1e3, h, "median forward time (ms)", "Forward time")
+    """Forward time (ms; median or fastest of the repeats) of every implementation against L, log-log."""
+    return _lines(results, "forward", "seconds", 1e3, h, f"{_statistic(results)} forward time (ms)",
+                  "Forward time")
 
 
 def memory_vs_length(results: BenchResults | dict, h: int = TARGET_H) -> Figure:
@@ -71,8 +78,9 @@ def implementations_bar(results: BenchResults | dict, L: int | None = None, h: i
         ax.text(t, y, f" {t:.0f} ms{share}", va="center")
     ax.set_xscale("log")
     ax.set_xlim(ms.min() / 2, ms.max() * 8)
+    log_ticks(ax.xaxis)
     ax.invert_yaxis()
-    ax.set(xlabel="median forward time (ms, log scale)",
+    ax.set(xlabel=f"{_statistic(results)} forward time (ms, log scale)",
            title=f"B = {rows[0]['B']}, L = {L}, d_model = {rows[0]['d_model']}, h = {h}")
     ax.grid(True, axis="x", which="major", alpha=0.3)
     return check(fig)

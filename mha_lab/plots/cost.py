@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 
 import numpy as np
 from matplotlib.figure import Figure
@@ -20,6 +21,7 @@ from mha_lab.analysis import (
     flops_breakdown,
     gib,
     kv_cache_bytes,
+    kv_elements_per_token,
     memory_breakdown,
 )
 from mha_lab.cpu import (
@@ -37,12 +39,12 @@ from mha_lab.measure import (
     torch_peak_memory,
     traced_memory,
 )
-from mha_lab.plots.style import check, legend_outside, new_figure
+from mha_lab.plots.style import check, legend_outside, log_ticks, new_figure
 from mha_lab.tables import markdown_table
 
 __all__ = [
     "flops_table", "training_flops_table", "memory_table", "heads_table", "kv_cache_table",
-    "plot_flops_vs_length", "plot_kv_cache_vs_context",
+    "kv_variants_table", "plot_flops_vs_length", "plot_kv_cache_vs_context",
     "peak_memory_vs_length", "backward_costs", "kernel_backward_costs", "plot_peak_memory", "plot_time_vs_length",
 ]
 
@@ -53,6 +55,9 @@ _GROUPS = {"projections": ("proj_q", "proj_kv", "proj_o"), "attention core (QK^T
 def _finish(fig: Figure, ax, legend: str = "right", **labels) -> Figure:
     """Label the axes, add a grid and a legend beside the plot, and check the figure's style."""
     ax.set(**labels)
+    for axis in (ax.xaxis, ax.yaxis):
+        if axis.get_scale() == "log":
+            log_ticks(axis)
     ax.grid(True, which="major", alpha=0.3)
     legend_outside(ax, legend)
     return check(fig)
@@ -126,15 +131,38 @@ def heads_table(batch_size: int, seq_len: int, d_model: int, heads: Iterable[int
 
 
 def kv_cache_table(seq_len: int = 4096, dtype: DType = "float16", configs: Iterable[ModelConfig] | None = None) -> str:
-    """Each model's attention shape and KV cache per token and at ``seq_len`` tokens (batch 1)."""
+    """Each model's attention shape and KV cache per token and at ``seq_len`` tokens (batch 1), in binary units."""
     rows = []
     for c in configs or MODEL_CONFIGS.values():
         per_token = kv_cache_bytes(c, 1, dtype=dtype)
         full = kv_cache_bytes(c, seq_len, dtype=dtype)
         rows.append((c.name, c.n_layers, c.d_model, c.n_heads, c.n_kv_heads, c.head_dim, c.kind,
-                     c.sliding_window or "-", f"{per_token / 2**10:,.0f}", f"{gib(full):.3g}", f"{full / 1e9:.3g}"))
-    return markdown_table(["model", "layers", "d_model", "Q heads", "KV heads", "d_k", "kind", "window",
-                           "KiB / token", f"GiB at {seq_len}", f"GB at {seq_len}"], rows)
+                     c.sliding_window or "-", f"{per_token / 2**10:,.0f}", f"{gib(full):.3g}"))
+    return markdown_table(["model", "layers", "d_model", "h", "h_kv", "d_k", "kind", "window",
+                           "KiB / token", f"GiB at {seq_len}"], rows)
+
+
+def kv_variants_table(config: ModelConfig, gqa_kv_heads: int = 8, seq_len: int = 4096,
+                      dtype: DType = "float16") -> str:
+    """One MLA model's cache against MHA, GQA and MQA of the same shape (layers, heads, head size).
+
+    Columns: numbers cached per token and layer (``kv_elements_per_token``), per token over all
+    layers, KiB per token, GiB at ``seq_len``, and the factor below MHA.
+    """
+    if config.kind != "MLA":
+        raise ValueError(f"{config.name} has no latent (kind {config.kind}); give an MLA configuration")
+    plain = replace(config, kv_latent_dim=None, rope_head_dim=None)
+    variants = [("MHA", plain), (f"GQA, {gqa_kv_heads} KV heads", replace(plain, n_kv_heads=gqa_kv_heads)),
+                ("MQA", replace(plain, n_kv_heads=1)), ("MLA", config)]
+    mha = kv_cache_bytes(plain, 1, dtype=dtype)
+    rows = []
+    for name, c in variants:
+        per_token = kv_cache_bytes(c, 1, dtype=dtype)
+        rows.append((name, f"{kv_elements_per_token(c):,}", f"{kv_elements_per_token(c) * c.n_layers:,}",
+                     f"{per_token / 2**10:,.1f}", f"{gib(kv_cache_bytes(c, seq_len, dtype=dtype)):.3g}",
+                     f"{mha / per_token:.3g}"))
+    return markdown_table(["cache", "numbers / token / layer", f"numbers / token ({config.n_layers} layers)",
+                           f"KiB / token ({dtype})", f"GiB at {seq_len:,}", "times smaller than MHA"], rows)
 
 
 def plot_flops_vs_length(d_model: int = 4096, n_heads: int = 32, lengths: Sequence[int] | None = None) -> Figure:
@@ -280,7 +308,8 @@ def plot_peak_memory(lengths: Sequence[int], peaks: dict[str, Sequence[int]], fi
         sel = L >= fit_from
         k = fit_exponent(L[sel], ys[sel])
         ax.loglog(L, ys, "o-", label=f"{name}: ~L^{k:.2f}")
-    return _finish(fig, ax, xlabel="sequence length L (tokens)", ylabel="peak memory of the forward (MiB)",
+    return _finish(fig, ax, legend="below", xlabel="sequence length L (tokens)",
+                   ylabel="peak memory of the forward (MiB)",
                    title=f"Measured with tracemalloc (fit over L ≥ {fit_from})")
 
 

@@ -16,7 +16,7 @@ from matplotlib.figure import Figure
 from mha_lab.analysis import GPU_PEAKS, MODEL_CONFIGS, DType, ModelConfig, decode_step_cost
 from mha_lab.cpu import GroupedQueryAttention, KVCache, decode_step
 from mha_lab.measure import blas_threads, gemm_flops_per_second, interleaved_times, read_bytes_per_second
-from mha_lab.plots.style import check, legend_outside, new_figure
+from mha_lab.plots.style import check, legend_outside, log_ticks, new_figure
 from mha_lab.tables import markdown_table
 
 __all__ = ["decode_times", "plot_decode_times", "decode_times_table", "intensity_table", "main"]
@@ -57,6 +57,7 @@ def plot_decode_times(context_lengths: Sequence[int], times: dict[str, Sequence[
         ax.loglog(context_lengths, np.asarray(seconds) * 1e3, "o-", label=name)
     ax.set_xticks(context_lengths, [f"{t:,}" for t in context_lengths], minor=False)
     ax.minorticks_off()
+    log_ticks(ax.yaxis)
     ax.set(xlabel="context length (tokens)", ylabel="time per token (ms)",
            title=f"One layer decoding, d_model = {d_model}, h = {n_heads}")
     ax.grid(True, which="major", alpha=0.3)

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from matplotlib.figure import Figure
 
-from mha_lab.plots.style import FIGURE_WIDTH_IN, check, legend_outside, new_figure
+from mha_lab.plots.style import FIGURE_WIDTH_IN, check, legend_outside, log_ticks, new_figure
 from mha_lab.toy import ToyBatch, ToyModel, ToyRun
 
 __all__ = ["plot_attention_heads", "plot_toy_heads", "plot_toy_training"]
@@ -64,14 +64,21 @@ def plot_toy_heads(model: ToyModel, batch: ToyBatch, index: int = 0) -> Figure:
     return check(fig)
 
 
-def plot_toy_training(runs: Mapping[str, ToyRun]) -> Figure:
-    """Training loss against step for several toy runs (e.g. 1 head vs 2 heads), log scale."""
+def plot_toy_training(runs: Mapping[str, ToyRun], window: int = 25) -> Figure:
+    """Training loss against step for several toy runs (e.g. 1 head vs 2 heads), log scale: the
+    running mean over ``window`` steps, with each step's loss faint behind it."""
     fig, ax = new_figure(3.8)
     for name, run in runs.items():
-        ax.plot(np.arange(1, len(run.losses) + 1), run.losses, label=f"{name}: both digits right "
-                f"{100 * run.accuracy['both']:.0f}%")
+        losses = np.asarray(run.losses)
+        steps = np.arange(1, losses.size + 1)
+        w = min(window, losses.size)
+        mean = np.convolve(losses, np.ones(w) / w, mode="valid")  # (n - w + 1,): mean of steps i..i+w-1
+        (line,) = ax.plot(steps[w - 1:], mean, label=f"{name}: both digits right "
+                          f"{100 * run.accuracy['both']:.0f}%")
+        ax.plot(steps, losses, color=line.get_color(), alpha=0.2, linewidth=0.8)
     ax.set_yscale("log")
-    ax.set_xlabel("training step (one batch each)")
+    log_ticks(ax.yaxis)
+    ax.set_xlabel(f"training step (one batch each); line: mean of the last {window} steps")
     ax.set_ylabel("loss (nats, two cross-entropies)")
     legend_outside(ax, "below", ncol=len(runs))
     return check(fig)

@@ -1,8 +1,9 @@
 """One look for every figure of the book, and the check that keeps it readable.
 
 Every figure is ``FIGURE_WIDTH_IN`` inches wide and saved as SVG at that size, which the page
-shows at its natural width (96 CSS pixels per inch) in the text column of a 1400 px window.
-Text is at least 10 pt; legends sit outside the data. Importing any ``mha_lab.plots`` module
+shows at its natural width (96 CSS pixels per inch) in the text column of a 1280 px window (the
+browser test checks that no figure is shown smaller). Text is at least 10 pt at that size; legends
+sit outside the data and are no larger than the plot; tick labels do not overlap. Importing any ``mha_lab.plots`` module
 applies the style, and inside IPython (the book's build, a notebook) registers ``to_svg`` as the
 way figures are displayed, so the check runs on every figure the book saves.
 """
@@ -17,22 +18,23 @@ import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.text import Text
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 __all__ = [
-    "FIGURE_WIDTH_IN", "DISPLAY_WIDTH_PX", "MIN_TEXT_PX", "FigureStyleError",
-    "new_figure", "legend_outside", "style_problems", "check", "to_svg", "save",
+    "FIGURE_WIDTH_IN", "DISPLAY_WIDTH_PX", "MIN_TEXT_PT", "FigureStyleError",
+    "new_figure", "legend_outside", "log_ticks", "style_problems", "check", "to_svg", "save",
 ]
 
 FIGURE_WIDTH_IN = 7.0
 """The width of every figure, in inches: 672 CSS pixels at the SVG's natural size."""
 
 DISPLAY_WIDTH_PX = 672
-"""The widest the page shows a figure (px): the text column of the book at a 1400 px window."""
+"""The width (CSS px) at which the page shows a figure: its natural width, which fits the text column
+of the book at a 1280 px window."""
 
-MIN_TEXT_PX = 10.0
-"""No text may render smaller than this (CSS px) at the displayed width."""
+MIN_TEXT_PT = 10.0
+"""No text may render smaller than this (points, 1/72 in, as displayed) at the displayed width."""
 
-CSS_PX_PER_PT = 96 / 72
 
 RC = {
     "font.size": 11,
@@ -51,7 +53,8 @@ RC = {
 
 
 class FigureStyleError(ValueError):
-    """A figure breaks the book's style: wrong width, text too small, or a legend on the data."""
+    """A figure breaks the book's style: wrong width, text too small, a legend on the data or larger than
+    the plot, tick labels that overlap, or a log axis with fewer than two labelled ticks."""
 
 
 def apply_style() -> None:
@@ -80,13 +83,63 @@ def legend_outside(ax: Axes, where: str = "right", **kw) -> None:
     ax.figure.legend(*ax.get_legend_handles_labels(), loc=locs[where], **kw)
 
 
-def _overlaps(a, b) -> bool:
-    return a.x0 < b.x1 and b.x0 < a.x1 and a.y0 < b.y1 and b.y0 < a.y1
+def _plain_number(value: float, _pos=None) -> str:
+    return f"{value:,.0f}" if value >= 1000 else f"{value:g}"
+
+
+def log_ticks(axis) -> None:
+    """Readable ticks on a log ``axis``, called once its data are plotted: over two decades or more,
+    labels at the powers of ten only; over less, plain numbers at 1, 2 and 5 times each power of ten
+    (so a short axis still shows several labels, and never the crowded minor labels of the default)."""
+    lo, hi = sorted(axis.axes.get_xlim() if axis is axis.axes.xaxis else axis.axes.get_ylim())
+    if lo > 0 and hi / lo < 100:
+        axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        axis.set_major_formatter(FuncFormatter(_plain_number))
+    axis.set_minor_formatter(NullFormatter())
+
+
+def _overlaps(a, b, slack: float = 0.0) -> bool:
+    """Whether boxes ``a`` and ``b`` overlap by more than ``slack`` pixels in both directions."""
+    return a.x0 + slack < b.x1 and b.x0 + slack < a.x1 and a.y0 + slack < b.y1 and b.y0 + slack < a.y1
+
+
+def _shown_tick_labels(axis) -> list[Text]:
+    """The tick labels of ``axis`` (major and minor) that are drawn: visible, not empty, inside the view."""
+    lo, hi = sorted(axis.get_view_interval())
+    pad = 1e-9 * max(abs(lo), abs(hi), 1e-300)
+    shown = []
+    for locs, ticks in ((axis.get_majorticklocs(), axis.get_major_ticks), (axis.get_minorticklocs(),
+                                                                           axis.get_minor_ticks)):
+        for loc, tick in zip(locs, ticks(len(locs)), strict=True):
+            for label in (tick.label1, tick.label2):
+                if lo - pad <= loc <= hi + pad and label.get_visible() and label.get_text().strip():
+                    shown.append(label)
+    return shown
+
+
+def _axis_problems(ax: Axes, renderer) -> list[str]:
+    """Tick labels of ``ax`` that overlap each other, and log axes with fewer than two labelled ticks."""
+    problems = []
+    for name, axis in (("x", ax.xaxis), ("y", ax.yaxis)):
+        if not axis.get_visible():
+            continue
+        labels = _shown_tick_labels(axis)
+        boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in labels]
+        clash = next(((a, b) for i, (a, box_a) in enumerate(boxes) for b, box_b in boxes[i + 1:]
+                      if _overlaps(box_a, box_b, slack=0.5)), None)
+        if clash:
+            problems.append(f"tick labels overlap on the {name} axis of {ax.get_title() or 'a plot'!r}: "
+                            f"{clash[0]!r} and {clash[1]!r}")
+        if axis.get_scale() == "log" and len({t.get_text() for t in labels}) < 2 and ax.has_data():
+            problems.append(f"the log {name} axis of {ax.get_title() or 'a plot'!r} has fewer than two "
+                            f"labelled ticks: a reader cannot read its scale")
+    return problems
 
 
 def style_problems(fig: Figure, display_width_px: float = DISPLAY_WIDTH_PX) -> list[str]:
-    """What breaks the style in ``fig`` as drawn: its width, any text below ``MIN_TEXT_PX`` at the
-    displayed width, any legend drawn over a plotting area. Empty when the figure is fine."""
+    """What breaks the style in ``fig`` as drawn: its width, any text below ``MIN_TEXT_PT`` at the
+    displayed width, a legend over a plotting area or larger than it, overlapping tick labels, a log
+    axis with fewer than two labels. Empty when the figure is fine."""
     problems = []
     width = fig.get_figwidth()
     if abs(width - FIGURE_WIDTH_IN) > 1e-6:
@@ -99,18 +152,23 @@ def style_problems(fig: Figure, display_width_px: float = DISPLAY_WIDTH_PX) -> l
     for text in fig.findobj(Text):
         if not (text.get_visible() and text.get_text().strip()):
             continue
-        px = text.get_fontsize() * CSS_PX_PER_PT * scale
-        if px < MIN_TEXT_PX - 1e-9:
-            small.add(f"{text.get_text()[:30]!r} ({px:.1f} px)")
+        pt = text.get_fontsize() * scale
+        if pt < MIN_TEXT_PT - 1e-9:
+            small.add(f"{text.get_text()[:30]!r} ({pt:.1f} pt)")
     if small:
         shown = ", ".join(sorted(small)[:5])
-        problems.append(f"text below {MIN_TEXT_PX:g} px at {display_width_px:g} px wide: {shown}")
+        problems.append(f"text below {MIN_TEXT_PT:g} pt at {display_width_px:g} px wide: {shown}")
     areas = [ax.get_window_extent(renderer) for ax in fig.axes if ax.get_label() != "<colorbar>"]
     for legend in fig.legends + [ax.get_legend() for ax in fig.axes if ax.get_legend()]:
         box = legend.get_window_extent(renderer)
         if any(_overlaps(box, area) for area in areas):
             problems.append("a legend covers a plotting area: put it outside (legend_outside, or fig.legend "
                             "with loc='outside ...')")
+        if areas and box.width * box.height > max(a.width * a.height for a in areas):
+            problems.append("a legend is larger than the plot it labels: shorten its entries, or put it below")
+    for ax in fig.axes:
+        if ax.get_label() != "<colorbar>" and ax.get_visible():
+            problems += _axis_problems(ax, renderer)
     return problems
 
 

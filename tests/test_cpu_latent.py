@@ -1,0 +1,79 @@
+"""Multi-head latent attention: the latent cache decodes exactly what the uncompressed layer computes."""
+
+import numpy as np
+import pytest
+
+from mha_lab.analysis import DEEPSEEK_V2, ModelConfig, kv_cache_bytes, kv_elements_per_token
+from mha_lab.cpu import LatentAttention, create_causal_mask, rotation_matrix
+from mha_lab.plots.cost import kv_variants_table
+from mha_lab.testing import assert_close
+
+rng = np.random.default_rng(0)
+
+
+def small(seed: int = 0) -> LatentAttention:
+    return LatentAttention(d_model=24, num_heads=3, head_dim=6, latent_dim=10, rope_dim=4, seed=seed)
+
+
+@pytest.mark.parametrize("prompt", [1, 5])
+def test_latent_decoding_equals_the_uncompressed_causal_forward(prompt):
+    layer, L = small(), 9
+    X = rng.standard_normal((2, L, 24))
+    cache = layer.new_cache(batch_size=2, max_len=L)
+    outs = [layer.prefill(X[:, :prompt], cache)]
+    outs += [layer.decode_step(X[:, t:t + 1], cache) for t in range(prompt, L)]
+    assert_close(np.concatenate(outs, axis=1), layer.forward(X, create_causal_mask(L)))
+    config = ModelConfig("tiny", n_layers=1, d_model=24, n_heads=3, n_kv_heads=3, head_dim=6,
+                         kv_latent_dim=10, rope_head_dim=4)
+    assert cache.nbytes == kv_cache_bytes(config, L, batch_size=2, dtype="float64")  # latent + RoPE key only
+    with pytest.raises(ValueError, match="full"):
+        layer.decode_step(X[:, :1], cache)
+
+
+def test_forward_is_mha_on_the_up_projected_keys_and_values():
+    """Uncompressed MLA is attention over [q_C, q_R] . [k_C, k_R] / sqrt(d_h + d_R), head by head."""
+    layer, X = small(1), rng.standard_normal((1, 5, 24))
+    q_c, q_r = layer.queries(X)
+    c, k_r = layer.compress(X)
+    out = np.zeros((1, 5, 24))
+    for i in range(3):
+        cols = slice(6 * i, 6 * i + 6)
+        k_c = c @ layer.W_UK[:, cols]  # (1, L, d_h)
+        s = (q_c[:, i] @ k_c.transpose(0, 2, 1) + q_r[:, i] @ k_r.transpose(0, 2, 1)) / np.sqrt(6 + 4)
+        a = np.exp(s - s.max(-1, keepdims=True))
+        a /= a.sum(-1, keepdims=True)
+        out += a @ (c @ layer.W_UV[:, cols]) @ layer.W_O[cols]
+    assert_close(layer.forward(X), out)
+
+
+def test_absorption_is_an_identity_without_rope_and_fails_with_it():
+    layer = small(2)
+    W_UK, W_OV = layer.absorbed()
+    q, c = rng.standard_normal(6), rng.standard_normal(10)
+    head = layer.W_UK[:, :6]  # (d_c, d_h): head 0
+    assert abs(q @ (c @ head) - (q @ W_UK[0]) @ c) < 1e-12
+    z = rng.standard_normal(10)
+    assert_close(z @ W_OV[1], (z @ layer.W_UV[:, 6:12]) @ layer.W_O[6:12])
+    # RoPE between the query and W_UK: the matrix absorbed at one offset is wrong at another
+    R = lambda p: rotation_matrix(p, 6)  # noqa: E731
+    true = (R(7) @ q) @ (R(3) @ (c @ head))
+    assert abs(true - (q @ R(0).T @ R(0) @ W_UK[0]) @ c) > 1e-3
+    assert abs(true - (q @ R(7).T @ R(3) @ W_UK[0]) @ c) < 1e-12  # absorbable only per (m, n) pair
+
+
+def test_deepseek_v2_cache_is_576_numbers_per_token_and_layer():
+    assert kv_elements_per_token(DEEPSEEK_V2) == 576 and DEEPSEEK_V2.kind == "MLA"
+    assert kv_cache_bytes(DEEPSEEK_V2, 1, dtype="float16") == 576 * 60 * 2
+    table = kv_variants_table(DEEPSEEK_V2)
+    assert "| MHA | 32,768 |" in table and "| MLA | 576 |" in table and "56.9" in table
+    with pytest.raises(ValueError, match="no latent"):
+        kv_variants_table(ModelConfig("x", 1, 8, 2, 2, 4))
+
+
+def test_latent_attention_rejects_bad_input():
+    with pytest.raises(ValueError, match="even"):
+        LatentAttention(d_model=8, num_heads=2, head_dim=4, latent_dim=4, rope_dim=3)
+    with pytest.raises(ValueError, match="d_model"):
+        small().forward(np.zeros((1, 2, 23)))
+    with pytest.raises(ValueError, match="one token"):
+        small().decode_step(np.zeros((1, 2, 24)), small().new_cache(1, 4))
