@@ -269,11 +269,11 @@ class GroupedQueryAttention(AttentionLayer):
         # (in self-attention X_kv is X, and its gradient is the sum of all three)
         X, X_kv = c["X"], c.get("X_kv", c["X"])
         grad_X = self.project_backward(X, grads["Q"], "Q")
-        grad_X_kv = (self.project_backward(X_kv, grads["K"], "K")
-                     + self.project_backward(X_kv, grads["V"], "V"))
+        grad_K_in = self.project_backward(X_kv, grads["K"], "K")
+        grad_V_in = self.project_backward(X_kv, grads["V"], "V")
         if "X_kv" not in c:
-            return grad_X + grad_X_kv
-        return grad_X, grad_X_kv
+            return grad_X + grad_K_in + grad_V_in
+        return grad_X, grad_K_in + grad_V_in
 
 
 class MultiHeadAttention(GroupedQueryAttention):
