@@ -44,21 +44,29 @@ def relative_error(analytical: np.ndarray, numerical: np.ndarray, zero_tol: floa
 
 
 def check_layer_gradients(layer: AttentionLayer, X: np.ndarray, mask: np.ndarray | None = None, eps: float = 1e-5,
-                          seed: int = 0) -> dict[str, float]:
+                          seed: int = 0, X_kv: np.ndarray | None = None) -> dict[str, float]:
     """Relative error of the layer's backward against central differences, per parameter and for X.
 
     The loss is ``sum(forward(X) * G)`` for a fixed random G, so dL/d(out) = G.
     Returns ``{"W_Q": err, ..., "X": err}``; an error below 1e-5 passes, as in the backward chapter's gradient check.
+    With ``X_kv`` the layer runs cross-attention (``forward(X, mask, X_kv=X_kv)``) and the result
+    also has ``"X_kv"``, the error of the gradient that reaches the keys' and values' input.
     """
     X = np.array(X, dtype=np.float64)
-    G = np.random.default_rng(seed).standard_normal(layer.forward(X, mask).shape)
+    inputs = {"X": X}
+    kwargs = {}
+    if X_kv is not None:
+        inputs["X_kv"] = kwargs["X_kv"] = np.array(X_kv, dtype=np.float64)
+    G = np.random.default_rng(seed).standard_normal(layer.forward(X, mask, **kwargs).shape)
 
     def loss() -> float:
-        return float(np.sum(layer.forward(X, mask) * G))
+        return float(np.sum(layer.forward(X, mask, **kwargs) * G))
 
-    layer.forward(X, mask)
-    grad_X = layer.backward(G)
+    layer.forward(X, mask, **kwargs)
+    grads = layer.backward(G)  # grad_X, or (grad_X, grad_X_kv) after cross-attention
+    grad_inputs = dict(zip(inputs, grads, strict=True)) if X_kv is not None else {"X": grads}
     errors = {name: relative_error(layer.gradients()[name], numerical_gradient(loss, p, eps))
               for name, p in layer.parameters().items()}
-    errors["X"] = relative_error(grad_X, numerical_gradient(loss, X, eps))
+    for name, x in inputs.items():
+        errors[name] = relative_error(grad_inputs[name], numerical_gradient(loss, x, eps))
     return errors

@@ -204,7 +204,7 @@ def test_bad_input_is_rejected(x, match):
 def test_bad_masks_are_rejected():
     module = MultiHeadAttention(8, 2, causal=True)
     x = torch.randn(2, 5, 8)
-    with pytest.raises(ValueError, match=r"does not broadcast to \(B, h, L, L\)"):
+    with pytest.raises(ValueError, match=r"does not broadcast to \(B, h, L_q, L_k\)"):
         module(x, attn_mask=torch.ones(5, 4, dtype=torch.bool))
     with pytest.raises(ValueError, match=r"does not broadcast"):
         module(x, attn_mask=torch.ones(1, 3, 5, 5, dtype=torch.bool))

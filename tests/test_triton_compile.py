@@ -37,6 +37,14 @@ def test_every_tile_candidate_builds_within_shared_memory_and_without_spills(arc
         assert b.tensor_cores == (dtype != torch.float32), b
 
 
+@pytest.mark.parametrize("arch", compiled.ARCHITECTURES)
+def test_warps_split_the_query_rows_as_in_flashattention_2(arch):
+    """Each warp owns BLOCK_M / num_warps whole rows of the tile: no warp shares a row's m, l or acc."""
+    tile = flash.tile_candidates(torch.float16, 128)[0]
+    assert compiled.build_flash_kernel(arch, torch.float16, 128, False, tile).warps_per_cta == (tile[2], 1)
+    assert compiled.build_flash_kernel(arch, torch.float32, 64, False, (32, 32, 4, 2)).warps_per_cta is None
+
+
 @pytest.mark.parametrize(("arch", "dtype", "head_dim", "block_d"), [
     (90, torch.bfloat16, 80, 128), (80, torch.float32, 40, 64), (90, torch.float16, 16, 16),
 ])

@@ -161,30 +161,49 @@ class GroupedQueryAttention(AttentionLayer):
         shapes = {"Q": (d_model, d_model), "K": (d_model, d_kv), "V": (d_model, d_kv), "O": (d_model, d_model)}
         self._init_params(shapes, use_bias, seed, dtype)
 
-    def forward(self, X: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
-        """(B, L, d_model) -> (B, L, d_model); ``mask`` is additive, broadcastable to (B, h, L, L)."""
+    def forward(self, X: np.ndarray, mask: np.ndarray | None = None, *, X_kv: np.ndarray | None = None) -> np.ndarray:
+        """(B, L_q, d_model) -> (B, L_q, d_model); ``mask`` is additive, broadcastable to (B, h, L_q, L_k).
+
+        Self-attention by default. With ``X_kv`` (B, L_k, d_model) it is cross-attention: queries come
+        from ``X``, keys and values from ``X_kv``, and L_k may differ from L_q. A key-padding mask
+        for it has shape (B, 1, 1, L_k).
+        """
         X = self.check_input(X)
+        cross = X_kv is not None
+        X_kv = self._check_kv_input(X_kv, X) if cross else X
         # 1. project: three fused GEMMs, each split into heads
-        Q, K, V = self.project_qkv(X)  # (B, h, L, d_k), (B, h_kv, L, d_k), (B, h_kv, L, d_k)
+        Q, K, V = self.project_qkv(X, X_kv)  # (B, h, L_q, d_k), (B, h_kv, L_k, d_k), (B, h_kv, L_k, d_k)
         # 2.-5. scores, mask, softmax, weighted values: each K/V head meets its group of query heads at once
-        Z, A = scaled_dot_product_attention(Q, K, V, mask, enable_gqa=True)  # (B, h, L, d_k), (B, h, L, L)
+        Z, A = scaled_dot_product_attention(Q, K, V, mask, enable_gqa=True)  # (B, h, L_q, d_k), (B, h, L_q, L_k)
         # 6. merge heads
-        concat = merge_heads(Z)  # (B, h, L, d_k) -> (B, L, d_model)
+        concat = merge_heads(Z)  # (B, h, L_q, d_k) -> (B, L_q, d_model)
         # 7. output projection
         out = self.project(concat, "O")
         self.attention_weights = A
-        self._cache = {"X": X, "Q": Q, "K": K, "V": V, "A": A, "concat": concat}  # K, V: h_kv heads
+        # K, V: h_kv heads
+        self._cache = {"X": X, "Q": Q, "K": K, "V": V, "A": A, "concat": concat}
+        if cross:  # self-attention caches X once
+            self._cache["X_kv"] = X_kv
         return out
 
-    def project_qkv(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _check_kv_input(self, X_kv: np.ndarray, X: np.ndarray) -> np.ndarray:
+        """``X_kv`` checked like ``X`` and against it: the two must share the batch size."""
+        X_kv = self.check_input(X_kv)
+        if X_kv.shape[0] != X.shape[0]:
+            raise ValueError(f"X_kv has batch size {X_kv.shape[0]} but X has {X.shape[0]}")
+        return X_kv
+
+    def project_qkv(self, X: np.ndarray, X_kv: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Queries, keys and values split into heads: step 1 of ``forward``, for code that supplies its own core.
 
-        Shapes: X: (B, L, d_model) -> Q: (B, h, L, d_k); K, V: (B, h_kv, L, d_k).
+        Keys and values come from ``X_kv`` when given (cross-attention), else from ``X``.
+        Shapes: X: (B, L_q, d_model), X_kv: (B, L_k, d_model) -> Q: (B, h, L_q, d_k); K, V: (B, h_kv, L_k, d_k).
         """
         X = self.check_input(X)
-        Q = split_heads(self.project(X, "Q"), self.num_heads)  # (B, L, d_model) -> (B, h, L, d_k)
-        K = split_heads(self.project(X, "K"), self.num_kv_heads)  # (B, L, h_kv*d_k) -> (B, h_kv, L, d_k)
-        V = split_heads(self.project(X, "V"), self.num_kv_heads)  # (B, L, h_kv*d_k) -> (B, h_kv, L, d_k)
+        X_kv = X if X_kv is None else self._check_kv_input(X_kv, X)
+        Q = split_heads(self.project(X, "Q"), self.num_heads)  # (B, L_q, d_model) -> (B, h, L_q, d_k)
+        K = split_heads(self.project(X_kv, "K"), self.num_kv_heads)  # (B, L_k, h_kv*d_k) -> (B, h_kv, L_k, d_k)
+        V = split_heads(self.project(X_kv, "V"), self.num_kv_heads)  # (B, L_k, h_kv*d_k) -> (B, h_kv, L_k, d_k)
         return Q, K, V
 
     def project_out(self, Z: np.ndarray) -> np.ndarray:
@@ -207,11 +226,15 @@ class GroupedQueryAttention(AttentionLayer):
             return g
         return self._group(g).sum(axis=2)  # (B, h, L, d) -> (B, h_kv, n_rep, L, d) -> (B, h_kv, L, d)
 
-    def backward(self, grad_out: np.ndarray) -> np.ndarray:
+    def backward(self, grad_out: np.ndarray
+                 ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
         """The seven steps of the chain rule, in reverse order of the forward.
 
-        Stores grad_W_Q, grad_W_K, grad_W_V, grad_W_O (and grad_b_* with bias);
-        returns dL/dX of shape (B, L, d_model), the sum of the Q, K and V branches.
+        Stores grad_W_Q, grad_W_K, grad_W_V, grad_W_O (and grad_b_* with bias).
+        After self-attention it returns dL/dX of shape (B, L, d_model), the sum of
+        the Q, K and V branches. After cross-attention it returns the pair
+        (dL/dX, dL/dX_kv), of shapes (B, L_q, d_model) and (B, L_k, d_model):
+        the Q branch reaches X, the K and V branches reach X_kv.
         """
         c = self._cached()
         if grad_out.shape != c["X"].shape:
@@ -219,32 +242,38 @@ class GroupedQueryAttention(AttentionLayer):
                              f"expected {c['X'].shape}")
         A = c["A"]
         # step 1: output projection -> grad_W_O, grad_concat
-        # (B, L, d_model)
+        # (B, L_q, d_model)
         grad_concat = self.project_backward(c["concat"], grad_out, "O")
-        # step 2: head merge -> (B, L, d_model) -> (B, h, L, d_k)
+        # step 2: head merge -> (B, L_q, d_model) -> (B, h, L_q, d_k)
         grad_Z = split_heads(grad_concat, self.num_heads)
         # step 3: Z = A V -> grad_A, grad_V
-        # (B, h_kv, n_rep, L, L)
+        # (B, h_kv, n_rep, L_q, L_k)
         grad_A = self._group(grad_Z) @ c["V"][:, :, None].swapaxes(-1, -2)
-        grad_A = grad_A.reshape(A.shape)  # -> (B, h, L, L)
-        grad_V = A.transpose(0, 1, 3, 2) @ grad_Z  # (B, h, L, d_k)
+        grad_A = grad_A.reshape(A.shape)  # -> (B, h, L_q, L_k)
+        grad_V = A.transpose(0, 1, 3, 2) @ grad_Z  # (B, h, L_k, d_k)
         # step 4: softmax (masked positions have A = 0, so their gradient is 0)
-        grad_S = softmax_backward(grad_A, A)  # (B, h, L, L)
+        grad_S = softmax_backward(grad_A, A)  # (B, h, L_q, L_k)
         # step 5: scale and Q K^T -> grad_Q, grad_K
         grad_S *= 1.0 / np.sqrt(self.d_k)
-        # (B, h_kv, n_rep, L, L) @ (B, h_kv, 1, L, d_k)
+        # (B, h_kv, n_rep, L_q, L_k) @ (B, h_kv, 1, L_k, d_k)
         grad_Q = self._group(grad_S) @ c["K"][:, :, None]
-        # (B, h_kv, n_rep, L, d_k) -> (B, h, L, d_k)
+        # (B, h_kv, n_rep, L_q, d_k) -> (B, h, L_q, d_k)
         grad_Q = grad_Q.reshape(c["Q"].shape)
-        grad_K = grad_S.transpose(0, 1, 3, 2) @ c["Q"]  # (B, h, L, d_k)
-        # -> (B, h_kv, L, d_k)
+        grad_K = grad_S.transpose(0, 1, 3, 2) @ c["Q"]  # (B, h, L_k, d_k)
+        # -> (B, h_kv, L_k, d_k)
         grad_K, grad_V = self._sum_groups(grad_K), self._sum_groups(grad_V)
         # step 6: head split -> (B, h, L, d_k) -> (B, L, h*d_k)
         grads = {"Q": merge_heads(grad_Q), "K": merge_heads(grad_K),
                  "V": merge_heads(grad_V)}
-        # step 7: projections -> grad_W_Q/K/V; X fed all three: its gradient is the sum
-        X = c["X"]
-        return sum(self.project_backward(X, grads[n], n) for n in "QKV")
+        # step 7: projections -> grad_W_Q/K/V; X fed Q, X_kv fed K and V
+        # (in self-attention X_kv is X, and its gradient is the sum of all three)
+        X, X_kv = c["X"], c.get("X_kv", c["X"])
+        grad_X = self.project_backward(X, grads["Q"], "Q")
+        grad_K_in = self.project_backward(X_kv, grads["K"], "K")
+        grad_V_in = self.project_backward(X_kv, grads["V"], "V")
+        if "X_kv" not in c:
+            return grad_X + grad_K_in + grad_V_in
+        return grad_X, grad_K_in + grad_V_in
 
 
 class MultiHeadAttention(GroupedQueryAttention):

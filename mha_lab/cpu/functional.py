@@ -94,22 +94,30 @@ def softmax_backward(grad_A: np.ndarray, A: np.ndarray, axis: int = -1) -> np.nd
     return grad_S
 
 
-def create_causal_mask(seq_len: int, dtype: np.dtype | type = np.float64, window: int | None = None) -> np.ndarray:
+def create_causal_mask(seq_len: int, dtype: np.dtype | type = np.float64, window: int | None = None,
+                       key_len: int | None = None) -> np.ndarray:
     """Additive causal mask of shape (1, 1, L, L): 0 on and below the diagonal, -inf above.
 
     The two leading ones broadcast over batch and heads: every head obeys the same causality.
     With a sliding ``window`` W (Mistral's), query i sees only keys i - W < j <= i: the last
-    W positions, itself included.
+    W positions, itself included. With ``key_len`` L_k (cross-attention, or L new queries after
+    L_k - L cached keys) the mask is (1, 1, L, L_k), aligned bottom-right as in FlashAttention:
+    query i stands at position i + L_k - L and sees keys j <= i + L_k - L.
     """
     if seq_len < 1:
         raise ValueError(f"seq_len must be at least 1, got {seq_len}")
     if window is not None and window < 1:
         raise ValueError(f"window must be at least 1, got {window}")
-    mask = np.zeros((seq_len, seq_len), dtype=dtype)
-    mask[np.triu_indices(seq_len, k=1)] = -np.inf
+    key_len = seq_len if key_len is None else key_len
+    if key_len < seq_len:
+        raise ValueError(f"key_len={key_len} < seq_len={seq_len}: bottom-right alignment would leave "
+                         f"the first {seq_len - key_len} queries with no key")
+    offset = key_len - seq_len  # the position of query 0 among the keys
+    mask = np.zeros((seq_len, key_len), dtype=dtype)
+    mask[np.triu_indices(seq_len, k=offset + 1, m=key_len)] = -np.inf
     if window is not None:
-        mask[np.tril_indices(seq_len, k=-window)] = -np.inf  # keys W or more positions back
-    return mask.reshape(1, 1, seq_len, seq_len)  # (L, L) -> (1, 1, L, L)
+        mask[np.tril_indices(seq_len, k=offset - window, m=key_len)] = -np.inf  # keys W or more positions back
+    return mask.reshape(1, 1, seq_len, key_len)  # (L, L_k) -> (1, 1, L, L_k)
 
 
 def split_heads(x: np.ndarray, num_heads: int) -> np.ndarray:

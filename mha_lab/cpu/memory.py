@@ -17,7 +17,8 @@ from mha_lab.cpu.attention import GroupedQueryAttention
 from mha_lab.cpu.functional import check_mask, check_rank, merge_heads, split_heads
 from mha_lab.cpu.per_head import head_forward
 
-__all__ = ["head_by_head_forward", "chunked_forward", "chunked_attention", "chunked_attention_backward", "ChunkedLayer",
+__all__ = ["head_by_head_forward", "chunked_forward", "online_softmax_step", "chunked_attention",
+           "chunked_attention_backward", "ChunkedLayer",
            "Checkpointed"]
 
 
@@ -91,6 +92,32 @@ def _block_scores(q: np.ndarray, k: np.ndarray, qs: int, ks: int, causal: bool,
     return s
 
 
+def online_softmax_step(m_i: np.ndarray, l_i: np.ndarray, acc: np.ndarray,
+                        s: np.ndarray, v: np.ndarray
+                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    r"""One key block's update of a query tile's running state; overwrites ``s``.
+
+    .. math:: m' = \max(m, \max_j s_j), \quad
+              \ell' = e^{m - m'} \ell + \sum_j e^{s_j - m'}, \quad
+              \mathrm{acc}' = e^{m - m'} \mathrm{acc} + e^{s - m'} v
+
+    Shapes: m_i, l_i (..., bq, 1); acc (..., bq, d_v); s (..., bq, bk);
+    v (..., bk, d_v). Returns the new (m_i, l_i, acc); ``acc`` is updated in
+    place. A row whose scores are all -inf so far keeps m = -inf, l = acc = 0.
+    """
+    m_new = np.maximum(m_i, s.max(axis=-1, keepdims=True))
+    # rows masked so far stay at zero
+    shift = np.where(np.isneginf(m_new), 0.0, m_new)
+    s -= shift
+    np.exp(s, out=s)  # s now holds p = exp(S - m'), in place
+    # rescales what was accumulated under the old max
+    alpha = np.exp(m_i - shift)
+    l_new = alpha * l_i + s.sum(axis=-1, keepdims=True)
+    acc *= alpha
+    acc += s @ v
+    return m_new, l_new, acc
+
+
 def chunked_attention(
     Q: np.ndarray, K: np.ndarray, V: np.ndarray, causal: bool = False,
     mask: np.ndarray | None = None, block_q: int = 128, block_k: int = 256,
@@ -141,17 +168,7 @@ def chunked_attention(
             ke = min(ks + block_k, k_stop)
             # (B, h_kv, n_rep, bq, bk)
             s = _block_scores(q, Kg[..., ks:ke, :], qs, ks, causal, mask)
-            m_new = np.maximum(m_i, s.max(axis=-1, keepdims=True))
-            # rows masked so far stay at zero
-            shift = np.where(np.isneginf(m_new), 0.0, m_new)
-            s -= shift
-            np.exp(s, out=s)  # s now holds p = exp(S - m'), in place
-            # rescales what was accumulated under the old max
-            alpha = np.exp(m_i - shift)
-            l_i = alpha * l_i + s.sum(axis=-1, keepdims=True)
-            acc *= alpha
-            acc += s @ Vg[..., ks:ke, :]
-            m_i = m_new
+            m_i, l_i, acc = online_softmax_step(m_i, l_i, acc, s, Vg[..., ks:ke, :])
         if not np.all(l_i > 0):
             raise ValueError("chunked_attention: a query row is fully masked; "
                              "no key can be attended to")

@@ -33,9 +33,17 @@ BACKENDS = ("eager", "sdpa", "triton")
 _NAMES = ("Q", "K", "V", "O")
 
 
-def causal_mask(L: int, window: int | None = None, device: torch.device | str | None = None) -> torch.Tensor:
-    """(L, L) boolean, True where query i may attend to key j: j <= i, and i - j < W with a ``window``."""
-    i, j = torch.arange(L, device=device)[:, None], torch.arange(L, device=device)[None, :]
+def causal_mask(L: int, window: int | None = None, device: torch.device | str | None = None,
+                L_k: int | None = None) -> torch.Tensor:
+    """(L, L_k) boolean, True where query i may attend to key j: j <= i, and i - j < W with a ``window``.
+
+    ``L_k`` defaults to L. With L_k != L the mask is aligned bottom-right, as in FlashAttention and
+    decoding with a KV cache: query i stands at position i + L_k - L. (``F.scaled_dot_product_attention``
+    with ``is_causal=True`` aligns it top-left instead.)
+    """
+    L_k = L if L_k is None else L_k
+    i = torch.arange(L_k - L, L_k, device=device)[:, None]  # (L, 1): the queries' positions among the keys
+    j = torch.arange(L_k, device=device)[None, :]  # (1, L_k)
     return (j <= i) if window is None else (j <= i) & (i - j < window)
 
 
@@ -52,23 +60,24 @@ def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
     computes in float32 (float64 stays float64) and returns the input dtype: the accuracy
     yardstick for fp16/bf16; ``upcast=False`` computes in the input dtype, as plain PyTorch does.
 
-    Shapes: q (B, H, L, D); k, v (B, H_kv, L, D) with H % H_kv == 0 -> (B, H, L, D).
+    Shapes: q (B, H, L, D); k, v (B, H_kv, L_k, D) with H % H_kv == 0 -> (B, H, L, D); with
+    L_k != L the causal mask is aligned bottom-right (see ``causal_mask``).
     """
     dtype = q.dtype
     if upcast and dtype != torch.float64:
         q, k, v = q.float(), k.float(), v.float()
     n_rep = q.shape[1] // k.shape[1]
-    k = k.repeat_interleave(n_rep, dim=1)  # (B, H_kv, L, D) -> (B, H, L, D): head h reads h // n_rep
-    v = v.repeat_interleave(n_rep, dim=1)  # (B, H_kv, L, D) -> (B, H, L, D)
+    k = k.repeat_interleave(n_rep, dim=1)  # (B, H_kv, L_k, D) -> (B, H, L_k, D): head h reads h // n_rep
+    v = v.repeat_interleave(n_rep, dim=1)  # (B, H_kv, L_k, D) -> (B, H, L_k, D)
     scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else sm_scale
-    scores = (q @ k.transpose(-2, -1)) * scale  # (B, H, L, D) @ (B, H, D, L) -> (B, H, L, L)
+    scores = (q @ k.transpose(-2, -1)) * scale  # (B, H, L, D) @ (B, H, D, L_k) -> (B, H, L, L_k)
     if causal:
-        scores = scores.masked_fill(~causal_mask(q.shape[-2], device=q.device), float("-inf"))
+        scores = scores.masked_fill(~causal_mask(q.shape[-2], device=q.device, L_k=k.shape[-2]), float("-inf"))
     if mask is not None and mask.dtype == torch.bool:
         scores = scores.masked_fill(~mask, float("-inf"))  # True = may attend, so fill where False
     elif mask is not None:
         scores = scores + mask
-    return (torch.softmax(scores, dim=-1) @ v).to(dtype)  # (B, H, L, L) @ (B, H, L, D) -> (B, H, L, D)
+    return (torch.softmax(scores, dim=-1) @ v).to(dtype)  # (B, H, L, L_k) @ (B, H, L_k, D) -> (B, H, L, D)
 
 
 class MultiHeadAttention(nn.Module):
@@ -153,17 +162,20 @@ class MultiHeadAttention(nn.Module):
         y = x @ getattr(self, f"W_{n}")
         return y + getattr(self, f"b_{n}") if self.use_bias else y
 
-    def project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def project_qkv(self, x: torch.Tensor,
+                    x_kv: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Queries, keys and values split into heads: steps 1-2 of ``forward``, for code that brings its
-        own attention core (decoding with a KV cache).
+        own attention core (decoding with a KV cache). Keys and values come from ``x_kv`` when given.
 
-        Shapes: x (B, L, d_model) -> q (B, h, L, d_k); k, v (B, h_kv, L, d_k).
+        Shapes: x (B, L, d_model), x_kv (B, L_k, d_model) -> q (B, h, L, d_k); k, v (B, h_kv, L_k, d_k).
         """
-        B, L, _ = x.shape
+        x_kv = x if x_kv is None else x_kv
+        (B, L, _), L_k = x.shape, x_kv.shape[1]
         h, h_kv, d_k = self.num_heads, self.num_kv_heads, self.d_k
         q = self._project(x, "Q").view(B, L, h, d_k).transpose(1, 2)  # (B, L, d_model) -> (B, h, L, d_k)
-        k = self._project(x, "K").view(B, L, h_kv, d_k).transpose(1, 2)  # (B, L, h_kv*d_k) -> (B, h_kv, L, d_k)
-        v = self._project(x, "V").view(B, L, h_kv, d_k).transpose(1, 2)  # (B, L, h_kv*d_k) -> (B, h_kv, L, d_k)
+        # (B, L_k, h_kv*d_k) -> (B, h_kv, L_k, d_k)
+        k = self._project(x_kv, "K").view(B, L_k, h_kv, d_k).transpose(1, 2)
+        v = self._project(x_kv, "V").view(B, L_k, h_kv, d_k).transpose(1, 2)
         return q, k, v
 
     def project_out(self, z: torch.Tensor) -> torch.Tensor:
@@ -172,20 +184,30 @@ class MultiHeadAttention(nn.Module):
         z = z.transpose(1, 2).reshape(B, L, self.d_model)  # (B, h, L, d_k) -> (B, L, h, d_k) -> (B, L, d_model)
         return self._project(z, "O")
 
-    def _check_input(self, x: torch.Tensor) -> None:
+    def _check_input(self, x: torch.Tensor, name: str = "x") -> None:
         if not isinstance(x, torch.Tensor):
-            raise TypeError(f"x must be a torch.Tensor of shape (B, L, d_model), got {type(x).__name__}")
+            raise TypeError(f"{name} must be a torch.Tensor of shape (B, L, d_model), got {type(x).__name__}")
         if x.dim() != 3:
-            raise ValueError(f"x must have rank 3 (B, L, d_model), got shape {tuple(x.shape)}")
+            raise ValueError(f"{name} must have rank 3 (B, L, d_model), got shape {tuple(x.shape)}")
         if x.shape[-1] != self.d_model:
-            raise ValueError(f"x has d_model={x.shape[-1]} but the layer expects d_model={self.d_model}")
+            raise ValueError(f"{name} has d_model={x.shape[-1]} but the layer expects d_model={self.d_model}")
         if x.shape[1] < 1:
-            raise ValueError("x has length 0: there is nothing to attend to")
+            raise ValueError(f"{name} has length 0: there is nothing to attend to")
 
-    def _full_mask(self, attn_mask: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    def _check_kv_input(self, x_kv: torch.Tensor, x: torch.Tensor) -> None:
+        self._check_input(x_kv, "x_kv")
+        if x_kv.shape[0] != x.shape[0]:
+            raise ValueError(f"x_kv has batch size {x_kv.shape[0]} but x has {x.shape[0]}")
+        if x_kv.device != x.device or x_kv.dtype != x.dtype:
+            raise ValueError(f"x_kv ({x_kv.dtype} on {x_kv.device}) must match x ({x.dtype} on {x.device})")
+        if self.causal and x_kv.shape[1] < x.shape[1]:
+            raise ValueError(f"causal cross-attention needs L_k >= L_q, got L_k={x_kv.shape[1]} < L_q={x.shape[1]}: "
+                             "the bottom-right causal mask would leave the first queries with no key")
+
+    def _full_mask(self, attn_mask: torch.Tensor, x: torch.Tensor, L_k: int) -> torch.Tensor:
         """Validate ``attn_mask`` and fold the causal mask into it; reject rows with no allowed key."""
         B, L, _ = x.shape
-        target = (B, self.num_heads, L, L)
+        target = (B, self.num_heads, L, L_k)
         if not isinstance(attn_mask, torch.Tensor):
             raise TypeError(f"attn_mask must be a torch.Tensor, got {type(attn_mask).__name__}")
         if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():
@@ -195,12 +217,13 @@ class MultiHeadAttention(nn.Module):
         except RuntimeError:
             broadcast = None
         if broadcast != target:
-            raise ValueError(f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to (B, h, L, L) {target}")
+            raise ValueError(f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to "
+                             f"(B, h, L_q, L_k) {target}")
         if attn_mask.device != x.device:
             raise ValueError(f"attn_mask is on {attn_mask.device} but x is on {x.device}")
         mask = attn_mask if attn_mask.dtype == torch.bool else attn_mask.to(x.dtype)
         if self.causal:
-            past = causal_mask(L, device=x.device)
+            past = causal_mask(L, device=x.device, L_k=L_k)
             mask = mask & past if mask.dtype == torch.bool else mask.masked_fill(~past, float("-inf"))
         allowed = mask if mask.dtype == torch.bool else mask != float("-inf")
         if not allowed.any(dim=-1).all():
@@ -208,18 +231,31 @@ class MultiHeadAttention(nn.Module):
                              "True means 'may attend': is the mask inverted?")
         return mask
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, *,
+                x_kv: torch.Tensor | None = None) -> torch.Tensor:
         r"""(B, L, d_model) -> (B, L, d_model).
 
-        ``attn_mask`` broadcasts to (B, h, L, L) and is either boolean, where **True means
-        "may attend"** (as in ``F.scaled_dot_product_attention``), or an additive float mask
-        (0 / -inf). With ``causal=True`` it is combined with the causal mask. A query left
-        with no key raises ValueError. The triton backend takes no ``attn_mask``.
+        Self-attention by default; with ``x_kv`` (B, L_k, d_model), cross-attention: queries from
+        ``x``, keys and values from ``x_kv``. ``attn_mask`` broadcasts to (B, h, L, L_k) and is either
+        boolean, where **True means "may attend"** (as in ``F.scaled_dot_product_attention``), or an
+        additive float mask (0 / -inf); a key-padding mask is (B, 1, 1, L_k). With ``causal=True`` it is
+        combined with the causal mask, aligned bottom-right when L_k > L (query i at position
+        i + L_k - L, as in FlashAttention; ``is_causal=True`` in PyTorch would align it top-left).
+        A query left with no key raises ValueError. The triton backend takes no ``attn_mask``
+        and needs L_k == L.
         """
         self._check_input(x)
-        mask = None if attn_mask is None else self._full_mask(attn_mask, x)
+        if x_kv is not None:
+            self._check_kv_input(x_kv, x)
+        L, L_k = x.shape[1], (x if x_kv is None else x_kv).shape[1]
+        if attn_mask is not None:
+            mask = self._full_mask(attn_mask, x, L_k)
+        elif self.causal and L_k != L and self.backend != "triton":  # is_causal would align top-left
+            mask = causal_mask(L, device=x.device, L_k=L_k)
+        else:
+            mask = None
         # 1. project with one GEMM each, then 2. split the feature axis into heads
-        q, k, v = self.project_qkv(x)  # (B, h, L, d_k), (B, h_kv, L, d_k), (B, h_kv, L, d_k)
+        q, k, v = self.project_qkv(x, x_kv)  # (B, h, L, d_k), (B, h_kv, L_k, d_k), (B, h_kv, L_k, d_k)
         # 3.-5. scores, mask, softmax, weighted values
         if self.backend == "eager":
             z = attention_ref(q, k, v, causal=self.causal and mask is None, mask=mask, upcast=False)
@@ -241,6 +277,9 @@ class MultiHeadAttention(nn.Module):
         """Our Triton flash kernel (imported here, so that the other backends never need Triton)."""
         if mask is not None:
             raise ValueError("the triton backend takes no attn_mask (only causal=True); use backend='sdpa'")
+        if k.shape[-2] != q.shape[-2]:
+            raise ValueError(f"the triton kernel needs as many keys as queries, got L_k={k.shape[-2]} and "
+                             f"L_q={q.shape[-2]}; use backend='sdpa' for cross-attention of different lengths")
         try:
             from mha_lab.cuda.flash import flash_attention
         except ImportError as err:

@@ -14,7 +14,10 @@ choice can be fast:
   memory. A tile that spills is one the autotuner would only waste time on.
 
 It also says whether the matmuls use tensor cores (``mma`` instructions in the PTX): they
-must for fp16 and bf16, and must not for fp32, whose IEEE precision TF32 would break.
+must for fp16 and bf16, and must not for fp32, whose IEEE precision TF32 would break. With
+tensor cores it reports how the compiler lays the warps over a tile (``warps_per_cta``, from
+the layout in the Triton GPU IR): (num_warps, 1) means each warp owns whole query rows, the
+work split of FlashAttention-2.
 
 Building needs no GPU and no driver, only Triton; it takes a second or two per build.
 From the command line (``TRITON_INTERPRET`` must not be set)::
@@ -53,6 +56,7 @@ _UNIT_STRIDES = ("stride_qd", "stride_kd", "stride_vd", "stride_od")  # contiguo
 _RUNTIME_SCALARS = ("sm_scale", "H", "N_REP")  # not assumed divisible by 16
 _REGISTERS = re.compile(r"Used (\d+) registers")
 _SPILLS = re.compile(r"(\d+) bytes spill stores")
+_MMA_WARPS = re.compile(r"nvidia_mma<\{[^}]*warpsPerCTA = \[(\d+), (\d+)\]")
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,7 @@ class KernelBuild:
     registers: int
     spill_bytes: int
     tensor_cores: bool
+    warps_per_cta: tuple[int, int] | None = None  # how the tensor-core layout lays the warps over (rows, columns)
 
     @property
     def fits(self) -> bool:
@@ -107,8 +112,10 @@ def build_flash_kernel(arch: int, dtype: torch.dtype, head_dim: int, causal: boo
     registers, spills = _REGISTERS.search(log.getvalue()), _SPILLS.search(log.getvalue())
     if registers is None or spills is None:
         raise RuntimeError(f"no register or spill report in the ptxas log:\n{log.getvalue()}")
+    warps = _MMA_WARPS.search(kernel.asm["ttgir"])  # none without tensor cores (fp32)
     return KernelBuild(arch, dtype, head_dim, causal, tuple(tile), int(kernel.metadata.shared),
-                       int(registers.group(1)), int(spills.group(1)), "mma" in kernel.asm["ptx"])
+                       int(registers.group(1)), int(spills.group(1)), "mma" in kernel.asm["ptx"],
+                       (int(warps.group(1)), int(warps.group(2))) if warps else None)
 
 
 def build_tile_candidates(arch: int, dtype: torch.dtype, head_dim: int, causal: bool) -> list[KernelBuild]:
