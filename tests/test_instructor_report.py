@@ -24,11 +24,11 @@ from pathlib import Path
 import nbformat
 import numpy as np
 import pytest
-from mha_lab.instructor.classroom import REPO, answer_cell, read_notebook
 from test_site import CHROMIUM, CHROMIUM_ARGS, needs_chromium
 
 from mha_lab.grading import checks, judge
 from mha_lab.instructor import report, similarity
+from mha_lab.instructor.classroom import REPO, answer_cell, read_notebook
 
 PS3 = "ps3_memory_efficient"
 TASKS = ("measure_peak", "head_by_head_forward", "chunked_attention")
