@@ -61,7 +61,9 @@ def invoke(student: Any, name: str, args: tuple, kwargs: dict, *, measure: bool 
         if f"`{name}` raised " not in str(exc):
             raise
         given = [_describe(a) for a in args] + [f"{k}={_describe(v)}" for k, v in kwargs.items()]
-        raise AssertionError(f"{exc} (called with {', '.join(given) or 'no arguments'})") from None
+        text, tag = BUG_TAG.split(str(exc), maxsplit=1)[0].rstrip(), BUG_TAG.search(str(exc))
+        raise AssertionError(f"{text} (called with {', '.join(given) or 'no arguments'})"
+                             + (f" {tag.group(0)}" if tag else "")) from None
 
 
 def _invoke(student: Any, name: str, args: tuple, kwargs: dict, *, measure: bool,
