@@ -16,7 +16,7 @@ from nbgrader.preprocessors import (
     SaveCells,
 )
 
-from mha_lab.grading.stubs import TaskStubs
+from mha_lab.instructor.stubs import TaskStubs
 
 c = get_config()  # noqa: F821 - provided by traitlets when it loads this file
 

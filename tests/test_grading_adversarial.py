@@ -37,7 +37,8 @@ TIMEOUT = 30  # seconds per submission, the grader's --timeout
 MEMORY = 2 * 2**30  # bytes per submission, the grader's default cap
 LIMIT = 900  # seconds for one whole batch before it counts as stalled
 PROTECTED = ("mha_lab", "tests/hidden", "solutions", "assignments")  # the folders of this repository the grader trusts
-GRADER_OUTPUTS = re.compile(r"^(gradebook\.db.*|grades.*\.csv|feedback|autograded|reports|\.nbgrader\.log|dask-.*-space)$")
+GRADER_OUTPUTS = re.compile(r"^(gradebook\.db.*|grades.*\.csv|feedback|autograded|reports|\.nbgrader\.log"
+                            r"|dask-.*-space)$")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(LIMIT + 300)]
 
 

@@ -19,9 +19,10 @@ import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
 from mha_lab.grading import __main__ as cli
-from mha_lab.grading import batch, report, sandbox
+from mha_lab.grading import batch, sandbox
 from mha_lab.grading import course as courses
 from mha_lab.grading.judge import HIDDEN_DIR_ENV
+from mha_lab.instructor import gradesheet as report
 
 REPO = Path(__file__).resolve().parents[1]
 

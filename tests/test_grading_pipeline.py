@@ -18,7 +18,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from mha_lab.grading import batch, report
+from mha_lab.grading import batch
+from mha_lab.instructor import gradesheet as report
 from mha_lab.instructor.classroom import answer_cell, fill_release, mutants, submit
 from mha_lab.instructor.report import build as build_report
 from mha_lab.instructor.report import misconceptions, read_class

@@ -14,8 +14,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from mha_lab.grading import batch, course, report, sandbox
-from mha_lab.instructor import term
+from mha_lab.grading import batch, course, sandbox
+from mha_lab.instructor import gradesheet, term
 from mha_lab.instructor.report import build as build_report
 
 
@@ -58,9 +58,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             results = batch.grade_class(root, a, students=args.student, client=client, limits=limits,
                                         before_feedback=lambda who, a=a, late=late:
                                         late.update(term.apply(root, a, who)))
-            print(report.summary_table(results, late=late, unsafe=limits.unsafe))
+            print(gradesheet.summary_table(results, late=late, unsafe=limits.unsafe))
             out = root / f"grades_{a}.csv"
-            report.write_csv(results, out, everyone=course.students(root), late=late)
+            gradesheet.write_csv(results, out, everyone=course.students(root), late=late)
             print(f"\nwrote {out}; gradebook {root / 'gradebook.db'}, feedback in {root / 'feedback'}, "
                   f"class report in {build_report(root, a)}\n")
     return 0

@@ -1,4 +1,4 @@
-"""The reports of a grading run: the summary on stdout and ``grades_<assignment>.csv``.
+"""The grade sheet of a grading run: the summary on stdout and ``grades_<assignment>.csv``.
 
 The summary has one short line per student (score, lateness, the tests cells that lost points, or
 why it was not graded) and the totals; the messages stay in the CSV and the feedback. The CSV has
@@ -11,30 +11,16 @@ from __future__ import annotations
 
 import csv
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime
 from pathlib import Path
-from typing import Protocol
 
 from mha_lab.grading.batch import StudentResult
+from mha_lab.instructor.term import Late
 
-__all__ = ["FIELDS", "Lateness", "summary_table", "write_csv"]
+__all__ = ["FIELDS", "summary_table", "write_csv"]
 
 FIELDS = ["student", "status", "score", "max_score", "timestamp", "hours_late", "penalty", "final_score", "error",
           "note", "failed", "queue_s", "run_s", "judge_s"]
 REASON_CHARS = 90  # of a reason in the summary; the whole message is in the CSV
-
-
-class Lateness(Protocol):
-    """A submission's time and late penalty (``mha_lab.instructor.term.Late``)."""
-
-    timestamp: datetime | None
-    penalty: float
-    problem: str  # why a submission has no time although it had a file for it
-
-    @property
-    def hours_late(self) -> float: ...
-
-    def describe(self) -> str: ...
 
 
 def _status(r: StudentResult) -> str:
@@ -61,7 +47,7 @@ def _lost(r: StudentResult) -> str:
     return " ".join([text, *extra, *(["[renamed notebook]"] if r.note else [])]).strip()
 
 
-def summary_table(results: Sequence[StudentResult], *, late: Mapping[str, Lateness] | None = None,
+def summary_table(results: Sequence[StudentResult], *, late: Mapping[str, Late] | None = None,
                   unsafe: bool = False) -> str:
     """One line per student (student, score, max, late, lost cells or reason), then the totals."""
     late = late or {}
@@ -84,7 +70,7 @@ def summary_table(results: Sequence[StudentResult], *, late: Mapping[str, Latene
 
 
 def write_csv(results: Sequence[StudentResult], path: Path, everyone: Iterable[str] = (),
-              late: Mapping[str, Lateness] | None = None) -> None:
+              late: Mapping[str, Late] | None = None) -> None:
     """Merge ``results`` into the CSV at ``path``; students in ``everyone`` with no row are 'not submitted'."""
     late = late or {}
     rows = {}
