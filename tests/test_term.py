@@ -16,6 +16,7 @@ import io
 import os
 import re
 import shutil
+import sys
 from datetime import datetime
 from pathlib import Path
 
@@ -249,6 +250,25 @@ def test_extensions_csv_errors_name_the_line(tmp_path):
                                             "bob,ps1,next tuesday\n")
     with pytest.raises(ValueError, match="line 3: due 'next tuesday' is not a date"):
         term.read_extensions(tmp_path)
+
+
+def test_an_extension_without_a_due_date_is_refused_before_grading(tmp_path, monkeypatch):
+    from nbgrader.api import Gradebook
+
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")  # nbgrader's alembic
+
+    (tmp_path / "nbgrader_config.py").write_text("c = get_config()\n")
+    (tmp_path / term.EXTENSIONS).write_text("student,assignment,due\nalice,ps1,2026-11-25 17:00:00 UTC\n")
+    term.check(tmp_path, ["ps2"])  # nothing extends ps2
+    with pytest.raises(ValueError, match="extends ps1, which has no due date in the gradebook"):
+        term.check(tmp_path, ["ps1"])  # no gradebook yet
+    with Gradebook(f"sqlite:///{tmp_path / 'gradebook.db'}", course_id=courses.COURSE_ID) as gb:
+        gb.add_assignment("ps1")
+    with pytest.raises(ValueError, match="no due date"):
+        term.check(tmp_path, ["ps1"])
+    with Gradebook(f"sqlite:///{tmp_path / 'gradebook.db'}", course_id=courses.COURSE_ID) as gb:
+        gb.update_or_create_assignment("ps1", duedate="2026-11-23 17:00:00 UTC")
+    term.check(tmp_path, ["ps1"])
 
 
 def test_timestamp_txt_is_read_as_nbgrader_writes_it_and_never_followed(tmp_path):

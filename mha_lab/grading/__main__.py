@@ -47,8 +47,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except sandbox.SandboxError as exc:
             parser.exit(1, f"cannot grade: {exc}\n")
     try:
-        term.read_extensions(root)
-        term.late_plugin(root)
+        term.check(root, todo)
     except (ValueError, ImportError) as exc:
         parser.error(str(exc))
     limits = sandbox.Limits(memory=args.memory, seconds=args.timeout, unsafe=args.unsafe_no_sandbox)

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import math
 import os
@@ -31,7 +32,8 @@ from traitlets.utils.importstring import import_item
 
 from mha_lab.grading.course import COURSE_ID
 
-__all__ = ["EXTENSIONS", "Late", "PerDayPenalty", "read_timestamp", "read_extensions", "late_plugin", "apply"]
+__all__ = ["EXTENSIONS", "Late", "PerDayPenalty", "read_timestamp", "read_extensions", "late_plugin", "check",
+           "apply"]
 
 EXTENSIONS = "extensions.csv"
 DAY = 86400.0
@@ -139,6 +141,23 @@ def late_plugin(course: Path) -> BasePlugin:
     return cls(config=config)
 
 
+def check(course: Path, assignments: Iterable[str]) -> None:
+    """Before grading: ``extensions.csv`` and the penalty's configuration can be read, and every assignment it
+    extends has a due date in the gradebook; ValueError (ImportError for a plugin) names what to fix."""
+    from nbgrader.api import Gradebook, MissingEntry
+
+    extended, _ = read_extensions(course), late_plugin(course)
+    for assignment in sorted({a for _, a in extended} & set(assignments)):
+        due = None
+        if (Path(course) / "gradebook.db").is_file():
+            with Gradebook(f"sqlite:///{Path(course) / 'gradebook.db'}", course_id=COURSE_ID) as gb:
+                with contextlib.suppress(MissingEntry):
+                    due = gb.find_assignment(assignment).duedate
+        if due is None:
+            raise ValueError(f"{EXTENSIONS} extends {assignment}, which has no due date in the gradebook: set it "
+                             f"first with nbgrader db assignment add {assignment} --duedate '2026-11-23 17:00:00 UTC'")
+
+
 def apply(course: Path, assignment: str, students: Iterable[str]) -> dict[str, Late]:
     """Record each graded student's submission time, extension and late penalty in the gradebook.
 
@@ -164,10 +183,7 @@ def apply(course: Path, assignment: str, students: Iterable[str]) -> dict[str, L
                 submission.timestamp, problem = read_timestamp(course / "submitted" / student / assignment), ""
             except ValueError as exc:  # graded, with no time: the summary and the CSV say why
                 submission.timestamp, problem = None, str(exc)
-            extended = extensions.get((student, assignment))
-            if extended is not None and due is None:
-                raise ValueError(f"{EXTENSIONS} extends {assignment} for {student}, but {assignment} has no due "
-                                 f"date: nbgrader db assignment add {assignment} --duedate '...'")
+            extended = extensions.get((student, assignment)) if due is not None else None  # see check()
             submission.extension = None if extended is None else extended - due
             late = submission.total_seconds_late
             penalty = 0.0
