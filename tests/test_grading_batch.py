@@ -22,7 +22,7 @@ from mha_lab.grading import __main__ as cli
 from mha_lab.grading import batch, sandbox
 from mha_lab.grading import course as courses
 from mha_lab.grading.judge import HIDDEN_DIR_ENV
-from mha_lab.instructor import gradesheet as report
+from mha_lab.instructor import gradesheet
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -178,19 +178,19 @@ def test_a_grading_process_that_dies_is_retried_once_then_recorded(graded):
 @pytest.mark.slow
 def test_a_rigged_kernel_does_not_reach_the_judge(graded):
     cheats = graded["cheats"]
-    assert cheats.score == 0, report.summary_table([cheats])
+    assert cheats.score == 0, gradesheet.summary_table([cheats])
     assert "double(x): values differ" in " ".join(c.message for c in cheats.cells)
 
 
 @pytest.mark.slow
 def test_summary_table_feedback_and_a_merged_csv(graded, course):
     results = [graded[s] for s in sorted(graded)]
-    table = report.summary_table(results)
+    table = gradesheet.summary_table(results)
     assert "NOT GRADED: missing notebook demo.ipynb" in table
     assert table.split("cheats", 1)[1].splitlines()[0].split()[-1] == "all"  # every tests cell lost points
     out = course / "grades_demo.csv"
-    report.write_csv(results, out, everyone=["absent", *graded])
-    report.write_csv([graded["good"]], out)  # grading one student again keeps the others
+    gradesheet.write_csv(results, out, everyone=["absent", *graded])
+    gradesheet.write_csv([graded["good"]], out)  # grading one student again keeps the others
     rows = {row["student"]: row for row in csv.DictReader(open(out))}
     assert float(rows["good"]["score"]) == 3 and rows["corrupt"]["error"].startswith("demo.ipynb is not a valid")
     assert rows["absent"]["error"] == "not submitted" and rows["absent"]["score"] == ""

@@ -91,7 +91,7 @@ def test_expect_close_names_the_bug_and_the_error():
 
 
 def test_a_measured_call_sees_numpy_buffers_and_the_budget_fails():
-    student = dict({"grab": lambda n: np.ones(n)})
+    student = {"grab": lambda n: np.ones(n)}
     _, peak = checks.call_with_peak(student, "grab", 1_000_000)
     assert 8_000_000 <= peak < 9_000_000
     with pytest.raises(AssertionError, match="over the budget"):
@@ -129,8 +129,8 @@ def hidden_dir(tmp_path, monkeypatch):
 
 
 def test_a_tests_cell_runs_exactly_its_own_checks(hidden_dir):
-    module, wrong = judge.load(judge.hidden_module("demo")), dict({"flip": lambda x: x.copy()})
-    assert judge.judge_cell(module, "flip", dict({"flip": lambda x: x.T.copy()})) == ""
+    module, wrong = judge.load(judge.hidden_module("demo")), {"flip": lambda x: x.copy()}
+    assert judge.judge_cell(module, "flip", {"flip": lambda x: x.T.copy()}) == ""
     assert judge.judge_cell(module, "flip", wrong).splitlines()[0] == "flip: 2 hidden check(s) failed"
     assert judge.judge_cell(module, "flipped", wrong) == ("flipped: 1 hidden check(s) failed\n"
                                                           "- test_flipped: test_flipped is another group")

@@ -19,7 +19,7 @@ import nbformat
 import pytest
 
 from mha_lab.grading import batch
-from mha_lab.instructor import gradesheet as report
+from mha_lab.instructor import gradesheet
 from mha_lab.instructor.classroom import answer_cell, fill_release, mutants, submit
 from mha_lab.instructor.report import build as build_report
 from mha_lab.instructor.report import misconceptions, read_class
@@ -87,7 +87,7 @@ def test_reference_gets_full_marks(graded, assignment):
         r = graded[assignment][student]
         assert not r.error, f"{student}: {r.error}"
         assert 10 <= r.max_score <= 25, f"{assignment} is worth {r.max_score} points; 10 to 25 expected"
-        assert r.score == r.max_score, f"{student} lost points: {report.summary_table([r])}"
+        assert r.score == r.max_score, f"{student} lost points: {gradesheet.summary_table([r])}"
 
 
 @pytest.mark.slow
@@ -95,7 +95,7 @@ def test_reference_gets_full_marks(graded, assignment):
 def test_release_gets_zero(graded, assignment):
     r = graded[assignment][RELEASE_STUDENT]
     assert r.cells and r.max_score > 0, f"release was not graded: {r.error}"
-    assert r.score == 0, f"the untouched release scored: {report.summary_table([r])}"
+    assert r.score == 0, f"the untouched release scored: {gradesheet.summary_table([r])}"
 
 
 @pytest.mark.slow
@@ -115,7 +115,7 @@ def test_mutant_loses_exactly_its_points(graded, assignment, index, mutant):
     assert not unknown, f"mutant {mutant.name!r} names tests cells that do not exist: {sorted(unknown)}"
     lost = {g for g, c in cells.items() if c.score < c.max_score}
     assert lost == mutant.breaks, (f"mutant {mutant.name!r}: expected to lose {sorted(mutant.breaks)}, "
-                                   f"lost {sorted(lost)}\n{report.summary_table([r])}")
+                                   f"lost {sorted(lost)}\n{gradesheet.summary_table([r])}")
     assert all(cells[g].score == 0 for g in mutant.breaks), f"partial points for a broken property: {r.cells}"
     text = feedback_text(graded["_course"], mutant_student(index), assignment)
     assert mutant.feedback in text, f"mutant {mutant.name!r}: feedback does not say {mutant.feedback!r}"

@@ -200,7 +200,7 @@ def test_memory_a_call_keeps_between_calls_counts(tmp_path):
     with closing(RemoteSubmission(tmp_path, Limits(seconds=60))) as student:
         student.run([KEEP])
         peak = student.remote_call("keep", (4 * 2**20 // 8,), {}, measure=True, replace={})[1]
-    assert 3.5 <= peak / 2**20 <= 4.5, f"{peak / 2**20:.2f} MiB: the buffer the first (decoy) call kept was missed"
+    assert 3.5 <= peak / 2**20 <= 4.5, f"{peak / 2**20:.2f} MiB: the buffer kept from before the call was missed"
 
 
 IMPORTS = ["import numpy, matplotlib.pyplot, json, tracemalloc", "import mha_lab", "import torch",

@@ -49,7 +49,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         term.check(root, todo)
     except (ValueError, ImportError) as exc:
-        parser.error(str(exc))
+        parser.exit(1, f"cannot grade: {exc}\n")
     limits = sandbox.Limits(memory=args.memory, seconds=args.timeout, unsafe=args.unsafe_no_sandbox)
     with batch.dask_client(args.jobs, args.scheduler) as client:
         for a in todo:
@@ -60,8 +60,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(gradesheet.summary_table(results, late=late, unsafe=limits.unsafe))
             out = root / f"grades_{a}.csv"
             gradesheet.write_csv(results, out, everyone=course.students(root), late=late)
-            print(f"\nwrote {out}; gradebook {root / 'gradebook.db'}, feedback in {root / 'feedback'}, "
-                  f"class report in {build_report(root, a)}\n")
+            try:  # the grades are written: a report that cannot be made costs only itself
+                written = f"class report in {build_report(root, a)}"
+            except Exception as exc:  # noqa: BLE001 - its reason is printed; make report A=... retries it
+                written = f"no class report ({type(exc).__name__}: {exc})"
+            print(f"\nwrote {out}; gradebook {root / 'gradebook.db'}, feedback in {root / 'feedback'}, {written}\n")
     return 0
 
 

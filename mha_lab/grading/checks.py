@@ -73,9 +73,11 @@ def _invoke(student: Any, name: str, args: tuple, kwargs: dict, *, measure: bool
     args, kwargs = copy.deepcopy((args, kwargs))  # the student's code may write into its inputs
     references = {attr: getattr(importlib.import_module(path.rpartition(".")[0]), path.rpartition(".")[2])
                   for attr, path in replace.items()}
+    if not measure:
+        return worker.call(student, name, args, kwargs, references), None
     result: list[Any] = []
     peak = traced_memory(lambda: result.append(worker.call(student, name, args, kwargs, references)))[1]
-    return result[0], peak if measure else None
+    return result[0], peak
 
 
 def _describe(value: Any) -> str:

@@ -116,8 +116,9 @@ class RemoteSubmission:
                 fresh.run(self.definitions[1])
                 fresh.references = self.references
                 result, peak, inputs = fresh._call(name, (args, kwargs), measure=not fresh.group)
-                peak = sandbox.peak(fresh.group) - base if base is not None else peak or 0
-            return result, max(peak - inputs, 0)
+                if base is not None:  # the cgroup counts the inputs too; tracemalloc starts after they arrived
+                    peak = max(sandbox.peak(fresh.group) - base - inputs, 0)
+            return result, peak or 0
         finally:
             self.references = {}
 
