@@ -3,7 +3,7 @@
 A sentence such as "the loop is slower" must follow the timing printed beside it, on every
 machine that builds the book. So the words are computed here from the measured values and a
 stated margin: a difference inside the margin is reported as none, a difference outside it by
-its size and direction. The margin is part of the sentence ("within 10%"), so the reader sees
+its size and direction. The margin is part of the sentence ("within 25%"), so the reader sees
 how large a difference has to be before the book calls it one.
 """
 
@@ -37,7 +37,7 @@ def relation(value: float, reference: float, margin: float) -> int:
 def speed(name: str, seconds: float, ref_name: str, ref_seconds: float,
           margin: float = TIMING_MARGIN) -> str:
     """A clause comparing two measured times: "<name> is 1.3x slower than <ref_name>", "... 1.3x
-    faster than ...", or "<name> and <ref_name> take the same time within 10%"."""
+    faster than ...", or "<name> and <ref_name> take the same time within 25%"."""
     sign = relation(seconds, ref_seconds, margin)
     if sign > 0:
         return f"{name} is {seconds / ref_seconds:.2g}x slower than {ref_name}"
@@ -47,7 +47,7 @@ def speed(name: str, seconds: float, ref_name: str, ref_seconds: float,
 
 
 def closeness(value: float, reference: float, margin: float = TIMING_MARGIN) -> str:
-    """How a measured ``value`` stands to an expected ``reference``: "within 10% of", "25% above" or
+    """How a measured ``value`` stands to an expected ``reference``: "within 25% of", "33% above" or
     "30% below", to be followed by the reference ("... the counted 3")."""
     sign = relation(value, reference, margin)
     if sign == 0:

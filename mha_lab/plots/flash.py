@@ -27,7 +27,7 @@ def plot_tile_state(Q: np.ndarray, K: np.ndarray, V: np.ndarray, sram: int) -> F
     """
     sim = simulate_traffic(Q, K, V, sram, "flash2")
     trace, n = sim.trace, np.arange(1, len(sim.trace.m) + 1)
-    b = -(-len(K) // len(n))  # keys per tile
+    b = tile_size(Q.shape[1], sram)  # keys per tile (the last may be shorter)
     scores = Q[0] @ K.T / np.sqrt(Q.shape[1])  # (N,)
     tile_max = [scores[i * b:(i + 1) * b].max() for i in range(len(n))]
     fig, axes = new_figure(3.0, 1, 3)
