@@ -4,6 +4,7 @@ the submission's sandbox is gone."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import shutil
@@ -11,12 +12,14 @@ import subprocess
 import sys
 import tempfile
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import nbformat
 
-__all__ = ["COURSE_ID", "nbgrader", "students", "assignments", "register", "locate", "submitted_notebook", "merge",
-           "record", "feedback"]
+__all__ = ["COURSE_ID", "nbgrader", "gradebook", "students", "assignments", "register", "locate", "submitted_notebook",
+           "merge", "record", "feedback"]
 
 COURSE_ID = "mha_lab"  # as in nbgrader_config.py
 MAX_NOTEBOOK_BYTES = 20 * 2**20
@@ -28,6 +31,16 @@ def nbgrader(course: Path, *args: str, timeout: float = 600) -> subprocess.Compl
     env = {**os.environ, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", "")}
     return subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=course, env=env, capture_output=True,
                           text=True, timeout=timeout, check=False)
+
+
+@contextlib.contextmanager
+def gradebook(course: Path) -> Iterator[Any]:
+    """nbgrader's ``Gradebook`` of ``<course>/gradebook.db`` (made when missing), SQLAlchemy's warnings silenced."""
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{Path(course) / 'gradebook.db'}", course_id=COURSE_ID) as gb, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # SQLAlchemy's, about nbgrader's own session handling
+        yield gb
 
 
 def students(course: Path, assignment: str | None = None) -> list[str]:
@@ -122,11 +135,8 @@ def merge(release: nbformat.NotebookNode, submitted: nbformat.NotebookNode) -> n
 def record(course: Path, assignment: str, student: str, scores: dict[tuple[str, str], float],
            notebooks: dict[str, nbformat.NotebookNode]) -> None:
     """Write one student's grades ((notebook, grade_id) -> points) and autograded notebooks."""
-    from nbgrader.api import Gradebook
-
     course = Path(course)
-    with Gradebook(f"sqlite:///{course / 'gradebook.db'}", course_id=COURSE_ID) as gb, warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # SQLAlchemy's about nbgrader's own session handling
+    with gradebook(course) as gb:
         gb.update_or_create_student(student)
         gb.update_or_create_submission(assignment, student)
         for (notebook, grade_id), score in scores.items():
