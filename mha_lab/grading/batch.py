@@ -21,7 +21,7 @@ from mha_lab.grading.remote import RemoteSubmission
 from mha_lab.grading.sandbox import Limits
 from mha_lab.grading.worker import OUTPUT_CHARS
 
-__all__ = ["CellResult", "StudentResult", "grade_submission", "dask_client", "grade_class"]
+__all__ = ["CellResult", "StudentResult", "grade_submission", "record", "dask_client", "grade_class"]
 
 DEFAULT_LIMITS = Limits()
 
@@ -114,6 +114,15 @@ def _outputs(text: str, error: str) -> list[nbformat.NotebookNode]:
     return outputs
 
 
+def record(course: Path, assignment: str, results: Iterable[StudentResult]) -> list[str]:
+    """``courses.record`` each result that graded anything (cells or notebooks); returns their students."""
+    done = [r for r in results if r.notebooks or r.cells]
+    for r in done:
+        courses.record(course, assignment, r.student, {(c.notebook, c.grade_id): c.score for c in r.cells},
+                       {n: nbformat.from_dict(nb) for n, nb in r.notebooks.items()})
+    return [r.student for r in done]
+
+
 @contextmanager
 def dask_client(jobs: int = 2, scheduler: str | None = None) -> Iterator[Any]:
     """A Dask client: of the scheduler at ``scheduler``, else of a LocalCluster of ``jobs`` processes."""
@@ -155,13 +164,9 @@ def grade_class(course: Path, assignment: str, *, students: Iterable[str] | None
                 except Exception as exc:  # noqa: BLE001 - its Dask worker died twice (KilledWorker), or it raised twice
                     results[s] = StudentResult(s, error=f"grading failed twice: {type(exc).__name__}: {exc}")
                 bar.update(1)
-    for s in names:
-        r = results[s]
-        if r.notebooks or r.cells:
-            courses.record(course, assignment, s, {(c.notebook, c.grade_id): c.score for c in r.cells},
-                           {n: nbformat.from_dict(nb) for n, nb in r.notebooks.items()})
+    recorded = record(course, assignment, [results[s] for s in names])
     if before_feedback is not None:
-        before_feedback([s for s in names if results[s].notebooks or results[s].cells])
+        before_feedback(recorded)
     problem = courses.feedback(course, assignment, [s for s in names if results[s].notebooks])
     for s in names:
         results[s].error = results[s].error or problem
