@@ -5,6 +5,7 @@ dies is tried once more). The gradebook, autograded notebooks and feedback are w
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import closing, contextmanager, nullcontext
@@ -115,11 +116,22 @@ def _outputs(text: str, error: str) -> list[nbformat.NotebookNode]:
 
 
 def record(course: Path, assignment: str, results: Iterable[StudentResult]) -> list[str]:
-    """``courses.record`` each result that graded anything (cells or notebooks); returns their students."""
+    """Write each result that graded anything (cells or notebooks): its scores to the gradebook, its notebooks to
+    ``autograded/<student>/<assignment>/``. Returns their students."""
     done = [r for r in results if r.notebooks or r.cells]
     for r in done:
-        courses.record(course, assignment, r.student, {(c.notebook, c.grade_id): c.score for c in r.cells},
-                       {n: nbformat.from_dict(nb) for n, nb in r.notebooks.items()})
+        with courses.gradebook(course) as gb:
+            gb.update_or_create_student(r.student)
+            gb.update_or_create_submission(assignment, r.student)
+            for c in r.cells:
+                grade = gb.find_grade(c.grade_id, c.notebook, assignment, r.student)
+                grade.auto_score, grade.needs_manual_grade = c.score, False  # as nbgrader's SaveAutoGrades
+            gb.db.commit()
+        folder = Path(course) / "autograded" / r.student / assignment
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        for name, nb in r.notebooks.items():
+            nbformat.write(nbformat.from_dict(nb), folder / name)
     return [r.student for r in done]
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import nbformat
 
 __all__ = ["COURSE_ID", "nbgrader", "gradebook", "students", "assignments", "register", "locate", "submitted_notebook",
-           "merge", "record", "feedback"]
+           "merge", "feedback"]
 
 COURSE_ID = "mha_lab"  # as in nbgrader_config.py
 MAX_NOTEBOOK_BYTES = 20 * 2**20
@@ -130,24 +130,6 @@ def merge(release: nbformat.NotebookNode, submitted: nbformat.NotebookNode) -> n
         merged.cells.append(nbformat.from_dict({**cell, "source": answers[gid]} if answered else cell))
     merged.cells += extra
     return merged
-
-
-def record(course: Path, assignment: str, student: str, scores: dict[tuple[str, str], float],
-           notebooks: dict[str, nbformat.NotebookNode]) -> None:
-    """Write one student's grades ((notebook, grade_id) -> points) and autograded notebooks."""
-    course = Path(course)
-    with gradebook(course) as gb:
-        gb.update_or_create_student(student)
-        gb.update_or_create_submission(assignment, student)
-        for (notebook, grade_id), score in scores.items():
-            grade = gb.find_grade(grade_id, notebook, assignment, student)
-            grade.auto_score, grade.needs_manual_grade = score, False  # as nbgrader's SaveAutoGrades
-        gb.db.commit()
-    folder = course / "autograded" / student / assignment
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True)
-    for name, nb in notebooks.items():
-        nbformat.write(nb, folder / name)
 
 
 FEEDBACK_TEMPLATES = Path(__file__).with_name("templates")  # mha_feedback: nbgrader's, made for reading
