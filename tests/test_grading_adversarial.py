@@ -28,6 +28,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from mha_lab.grading import course as courses
 from mha_lab.instructor import classroom
 from mha_lab.instructor.classroom import REPO, Attack, Student, Target
 
@@ -297,12 +298,12 @@ class Batch:
 
 
 def _gradebook(course: Path, assignment: str, students: list[str]) -> dict[str, tuple[float, float]]:
-    from nbgrader.api import Gradebook, MissingEntry
+    from nbgrader.api import MissingEntry
 
     scores = {}
     if not (course / "gradebook.db").is_file():
         return scores
-    with Gradebook(f"sqlite:///{course / 'gradebook.db'}", course_id="mha_lab") as gb:
+    with courses.gradebook(course) as gb:
         for s in students:
             try:
                 sub = gb.find_submission(assignment, s)

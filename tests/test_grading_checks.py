@@ -56,6 +56,26 @@ def test_call_explains_what_went_wrong(source, message):
         checks.call(notebook(source), "f", np.ones(3))
 
 
+def test_a_failing_call_ends_with_the_graders_bug_id_not_one_the_student_wrote():
+    student = notebook("def f(x):\n    raise ValueError('fine here [bug: not-mine] really')")
+    with pytest.raises(AssertionError) as failure:
+        checks.call(student, "f", np.ones(3))
+    assert str(failure.value) == ("`f` raised ValueError: fine here really (called with array (3,) float64)"
+                                  " [bug: raises-valueerror]")
+
+
+@pytest.mark.parametrize(("hint", "bug", "note", "expected"), [
+    ("swap the axes [bug: layout]", "split-no-transpose", "", "swap the axes [bug: split-no-transpose]"),
+    ("sum over rows [bug: bias-sum]", None, "; fix W first", "sum over rows; fix W first [bug: bias-sum]"),
+    ("repeat, not tile [bug: tile]. Or: transpose [bug: layout]", "tile-not-repeat", "",
+     "repeat, not tile. Or: transpose [bug: tile-not-repeat]"),
+    ("no tag [bug: a] here", None, "", "no tag here [bug: a]"),
+    ("untagged", None, " (called with x)", "untagged (called with x)"),
+])
+def test_retag_leaves_one_tag_last_after_the_note(hint, bug, note, expected):
+    assert checks.retag(hint, bug, note=note) == expected
+
+
 def test_call_replacing_judges_a_function_with_a_reference_helper():
     student = notebook("""
         def attention(Q, K, V, mask=None):

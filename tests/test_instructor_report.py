@@ -17,7 +17,6 @@ import re
 import shutil
 import sys
 import tokenize
-import warnings
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -26,7 +25,7 @@ import numpy as np
 import pytest
 from test_site import CHROMIUM, CHROMIUM_ARGS, needs_chromium
 
-from mha_lab.grading import checks, judge
+from mha_lab.grading import checks, course, judge
 from mha_lab.instructor import report, similarity
 from mha_lab.instructor.classroom import REPO, answer_cell, read_notebook
 
@@ -270,32 +269,28 @@ def _notebook(student: str, scores: tuple[float, ...]) -> nbformat.NotebookNode:
 
 @pytest.fixture(scope="module")
 def small_class(tmp_path_factory) -> Path:
-    from nbgrader.api import Gradebook
-
     root = tmp_path_factory.mktemp("class")
     shutil.copy(REPO / "nbgrader_config.py", root)
     path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])  # nbgrader runs alembic
-    with pytest.MonkeyPatch.context() as env, warnings.catch_warnings():
+    with pytest.MonkeyPatch.context() as env:
         env.setenv("PATH", path)
-        gb = Gradebook(f"sqlite:///{root / 'gradebook.db'}", course_id="mha_lab")
-        warnings.simplefilter("ignore")
-        gb.update_or_create_assignment("hw", duedate=DUE)
-        gb.add_notebook("hw", "hw")
-        for cell, points in CELLS.items():
-            gb.add_grade_cell(cell, "hw", "hw", max_score=points, cell_type="code")
-        gb.add_solution_cell("ans_f", "hw", "hw")
-        gb.add_source_cell("ans_f", "hw", "hw", cell_type="code", source="def f(x):\n    raise NotImplementedError")
-        for i, (s, scores) in enumerate({**SCORES, "gus": (0, 0, 0)}.items()):
-            gb.update_or_create_student(s)
-            gb.add_submission("hw", s, timestamp=DUE + timedelta(hours=5 * i - 2))
-            for cell, got in zip(CELLS, scores, strict=True):
-                gb.find_grade(cell, "hw", "hw", s).auto_score = got
-            if s != "gus":  # recorded, but no notebook was run: not graded
-                folder = root / "autograded" / s / "hw"
-                folder.mkdir(parents=True)
-                nbformat.write(_notebook(s, scores), folder / "hw.ipynb")
-        gb.db.commit()
-        gb.close()
+        with course.gradebook(root) as gb:
+            gb.update_or_create_assignment("hw", duedate=DUE)
+            gb.add_notebook("hw", "hw")
+            for cell, points in CELLS.items():
+                gb.add_grade_cell(cell, "hw", "hw", max_score=points, cell_type="code")
+            gb.add_solution_cell("ans_f", "hw", "hw")
+            gb.add_source_cell("ans_f", "hw", "hw", cell_type="code", source="def f(x):\n    raise NotImplementedError")
+            for i, (s, scores) in enumerate({**SCORES, "gus": (0, 0, 0)}.items()):
+                gb.update_or_create_student(s)
+                gb.add_submission("hw", s, timestamp=DUE + timedelta(hours=5 * i - 2))
+                for cell, got in zip(CELLS, scores, strict=True):
+                    gb.find_grade(cell, "hw", "hw", s).auto_score = got
+                if s != "gus":  # recorded, but no notebook was run: not graded
+                    folder = root / "autograded" / s / "hw"
+                    folder.mkdir(parents=True)
+                    nbformat.write(_notebook(s, scores), folder / "hw.ipynb")
+            gb.db.commit()
     (root / "submitted" / "hal" / "hw").mkdir(parents=True)  # handed in, never graded
     (root / "tests" / "hidden").mkdir(parents=True)
     (root / "tests" / "hidden" / "test_hw.py").write_text('PACKAGE_ANSWERS = {"f": ["mha_lab.cpu.softmax"]}\n')

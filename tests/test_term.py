@@ -253,8 +253,6 @@ def test_extensions_csv_errors_name_the_line(tmp_path):
 
 
 def test_an_extension_without_a_due_date_is_refused_before_grading(tmp_path, monkeypatch):
-    from nbgrader.api import Gradebook
-
     monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")  # nbgrader's alembic
 
     (tmp_path / "nbgrader_config.py").write_text("c = get_config()\n")
@@ -262,11 +260,11 @@ def test_an_extension_without_a_due_date_is_refused_before_grading(tmp_path, mon
     term.check(tmp_path, ["ps2"])  # nothing extends ps2
     with pytest.raises(ValueError, match="extends ps1, which has no due date in the gradebook"):
         term.check(tmp_path, ["ps1"])  # no gradebook yet
-    with Gradebook(f"sqlite:///{tmp_path / 'gradebook.db'}", course_id=courses.COURSE_ID) as gb:
+    with courses.gradebook(tmp_path) as gb:
         gb.add_assignment("ps1")
     with pytest.raises(ValueError, match="no due date"):
         term.check(tmp_path, ["ps1"])
-    with Gradebook(f"sqlite:///{tmp_path / 'gradebook.db'}", course_id=courses.COURSE_ID) as gb:
+    with courses.gradebook(tmp_path) as gb:
         gb.update_or_create_assignment("ps1", duedate="2026-11-23 17:00:00 UTC")
     term.check(tmp_path, ["ps1"])
 

@@ -5,6 +5,7 @@ dies is tried once more). The gradebook, autograded notebooks and feedback are w
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import closing, contextmanager, nullcontext
@@ -21,7 +22,7 @@ from mha_lab.grading.remote import RemoteSubmission
 from mha_lab.grading.sandbox import Limits
 from mha_lab.grading.worker import OUTPUT_CHARS
 
-__all__ = ["CellResult", "StudentResult", "grade_submission", "dask_client", "grade_class"]
+__all__ = ["CellResult", "StudentResult", "grade_submission", "record", "dask_client", "grade_class"]
 
 DEFAULT_LIMITS = Limits()
 
@@ -114,6 +115,26 @@ def _outputs(text: str, error: str) -> list[nbformat.NotebookNode]:
     return outputs
 
 
+def record(course: Path, assignment: str, results: Iterable[StudentResult]) -> list[str]:
+    """Write each result that graded anything (cells or notebooks): its scores to the gradebook, its notebooks to
+    ``autograded/<student>/<assignment>/``. Returns their students."""
+    done = [r for r in results if r.notebooks or r.cells]
+    for r in done:
+        with courses.gradebook(course) as gb:
+            gb.update_or_create_student(r.student)
+            gb.update_or_create_submission(assignment, r.student)
+            for c in r.cells:
+                grade = gb.find_grade(c.grade_id, c.notebook, assignment, r.student)
+                grade.auto_score, grade.needs_manual_grade = c.score, False  # as nbgrader's SaveAutoGrades
+            gb.db.commit()
+        folder = Path(course) / "autograded" / r.student / assignment
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        for name, nb in r.notebooks.items():
+            nbformat.write(nbformat.from_dict(nb), folder / name)
+    return [r.student for r in done]
+
+
 @contextmanager
 def dask_client(jobs: int = 2, scheduler: str | None = None) -> Iterator[Any]:
     """A Dask client: of the scheduler at ``scheduler``, else of a LocalCluster of ``jobs`` processes."""
@@ -155,13 +176,9 @@ def grade_class(course: Path, assignment: str, *, students: Iterable[str] | None
                 except Exception as exc:  # noqa: BLE001 - its Dask worker died twice (KilledWorker), or it raised twice
                     results[s] = StudentResult(s, error=f"grading failed twice: {type(exc).__name__}: {exc}")
                 bar.update(1)
-    for s in names:
-        r = results[s]
-        if r.notebooks or r.cells:
-            courses.record(course, assignment, s, {(c.notebook, c.grade_id): c.score for c in r.cells},
-                           {n: nbformat.from_dict(nb) for n, nb in r.notebooks.items()})
+    recorded = record(course, assignment, [results[s] for s in names])
     if before_feedback is not None:
-        before_feedback([s for s in names if results[s].notebooks or results[s].cells])
+        before_feedback(recorded)
     problem = courses.feedback(course, assignment, [s for s in names if results[s].notebooks])
     for s in names:
         results[s].error = results[s].error or problem

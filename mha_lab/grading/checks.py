@@ -22,7 +22,7 @@ from mha_lab.measure import traced_memory
 from mha_lab.testing import tolerances
 
 __all__ = ["BUG_TAG", "bug_ids", "call", "call_with_peak", "call_replacing", "invoke", "expect_array", "expect_close",
-           "expect_true", "expect_within_budget", "SmoothLoss"]
+           "expect_true", "expect_within_budget", "retag", "SmoothLoss"]
 
 
 BUG_TAG = re.compile(r"\[bug: ([a-z0-9]+(?:-[a-z0-9]+)*)\]")  # a likely bug's stable id, e.g. [bug: scale-d-model]
@@ -31,6 +31,13 @@ BUG_TAG = re.compile(r"\[bug: ([a-z0-9]+(?:-[a-z0-9]+)*)\]")  # a likely bug's s
 def bug_ids(message: str) -> list[str]:
     """The bug ids a failure message names, in order ([] when it names none)."""
     return BUG_TAG.findall(message)
+
+
+def retag(hint: str, bug: str | None = None, *, note: str = "") -> str:
+    """``hint`` without its tags, then ``note``, then ``[bug: bug]`` (the hint's last tag when None, if any):
+    ``retag("a [bug: x]", "y", note="; b") == "a; b [bug: y]"``."""
+    ids = [bug] if bug else bug_ids(hint)[-1:]
+    return re.sub(r"\s*" + BUG_TAG.pattern, "", hint).rstrip() + note + "".join(f" [bug: {i}]" for i in ids)
 
 
 def call(student: Any, name: str, *args: Any, **kwargs: Any) -> Any:
@@ -61,9 +68,7 @@ def invoke(student: Any, name: str, args: tuple, kwargs: dict, *, measure: bool 
         if f"`{name}` raised " not in str(exc):
             raise
         given = [_describe(a) for a in args] + [f"{k}={_describe(v)}" for k, v in kwargs.items()]
-        text, tag = BUG_TAG.split(str(exc), maxsplit=1)[0].rstrip(), BUG_TAG.search(str(exc))
-        raise AssertionError(f"{text} (called with {', '.join(given) or 'no arguments'})"
-                             + (f" {tag.group(0)}" if tag else "")) from None
+        raise AssertionError(retag(str(exc), note=f" (called with {', '.join(given) or 'no arguments'})")) from None
 
 
 def _invoke(student: Any, name: str, args: tuple, kwargs: dict, *, measure: bool,

@@ -4,6 +4,7 @@ the submission's sandbox is gone."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import shutil
@@ -11,12 +12,14 @@ import subprocess
 import sys
 import tempfile
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import nbformat
 
-__all__ = ["COURSE_ID", "nbgrader", "students", "assignments", "register", "locate", "submitted_notebook", "merge",
-           "record", "feedback"]
+__all__ = ["COURSE_ID", "nbgrader", "gradebook", "students", "assignments", "register", "locate", "submitted_notebook",
+           "merge", "feedback"]
 
 COURSE_ID = "mha_lab"  # as in nbgrader_config.py
 MAX_NOTEBOOK_BYTES = 20 * 2**20
@@ -28,6 +31,16 @@ def nbgrader(course: Path, *args: str, timeout: float = 600) -> subprocess.Compl
     env = {**os.environ, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", "")}
     return subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=course, env=env, capture_output=True,
                           text=True, timeout=timeout, check=False)
+
+
+@contextlib.contextmanager
+def gradebook(course: Path) -> Iterator[Any]:
+    """nbgrader's ``Gradebook`` of ``<course>/gradebook.db`` (made when missing), SQLAlchemy's warnings silenced."""
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{Path(course) / 'gradebook.db'}", course_id=COURSE_ID) as gb, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # SQLAlchemy's, about nbgrader's own session handling
+        yield gb
 
 
 def students(course: Path, assignment: str | None = None) -> list[str]:
@@ -117,27 +130,6 @@ def merge(release: nbformat.NotebookNode, submitted: nbformat.NotebookNode) -> n
         merged.cells.append(nbformat.from_dict({**cell, "source": answers[gid]} if answered else cell))
     merged.cells += extra
     return merged
-
-
-def record(course: Path, assignment: str, student: str, scores: dict[tuple[str, str], float],
-           notebooks: dict[str, nbformat.NotebookNode]) -> None:
-    """Write one student's grades ((notebook, grade_id) -> points) and autograded notebooks."""
-    from nbgrader.api import Gradebook
-
-    course = Path(course)
-    with Gradebook(f"sqlite:///{course / 'gradebook.db'}", course_id=COURSE_ID) as gb, warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # SQLAlchemy's about nbgrader's own session handling
-        gb.update_or_create_student(student)
-        gb.update_or_create_submission(assignment, student)
-        for (notebook, grade_id), score in scores.items():
-            grade = gb.find_grade(grade_id, notebook, assignment, student)
-            grade.auto_score, grade.needs_manual_grade = score, False  # as nbgrader's SaveAutoGrades
-        gb.db.commit()
-    folder = course / "autograded" / student / assignment
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True)
-    for name, nb in notebooks.items():
-        nbformat.write(nb, folder / name)
 
 
 FEEDBACK_TEMPLATES = Path(__file__).with_name("templates")  # mha_feedback: nbgrader's, made for reading

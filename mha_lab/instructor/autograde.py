@@ -35,10 +35,8 @@ def grade_one(course: Path, assignment: str, student: str) -> batch.StudentResul
     releases = _releases(course, assignment)
     result = batch.grade_submission(course / "submitted" / student / assignment, releases,
                                     judge.hidden_module(assignment, course), student=student)
-    if result.notebooks:
-        courses.record(course, assignment, student, {(c.notebook, c.grade_id): c.score for c in result.cells},
-                       result.notebooks)
-        term.apply(course, assignment, [student])
+    if result.notebooks:  # one that did not run fails in nbgrader instead (see preprocess)
+        term.apply(course, assignment, batch.record(course, assignment, [result]))
     return result
 
 

@@ -20,13 +20,11 @@ import argparse
 import csv
 import re
 import sys
-import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from mha_lab.grading import course as courses
-from mha_lab.grading.course import COURSE_ID
 
 __all__ = ["Grade", "read_grades", "canvas", "write_long", "main"]
 
@@ -61,14 +59,13 @@ def _not_graded(course: Path, assignment: str) -> set[str]:
 def read_grades(course: Path) -> dict[tuple[str, str], Grade]:
     """(student, assignment) -> Grade, for every assignment of the course's gradebook and every student of the
     gradebook or of ``submitted/``."""
-    from nbgrader.api import Gradebook, MissingEntry
+    from nbgrader.api import MissingEntry
 
     db = Path(course) / "gradebook.db"
     if not db.is_file():
         raise FileNotFoundError(f"no gradebook at {db}: grade first (make grade)")
     grades = {}
-    with Gradebook(f"sqlite:///{db}", course_id=COURSE_ID) as gb, warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # SQLAlchemy's about nbgrader's own session handling
+    with courses.gradebook(course) as gb:
         everyone = sorted({s.id for s in gb.students} | set(courses.students(course)))
         for assignment in gb.assignments:
             skipped = _not_graded(course, assignment.name)

@@ -22,7 +22,6 @@ import html
 import io
 import re
 import sys
-import warnings
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -95,14 +94,12 @@ def _failure(nb: nbformat.NotebookNode) -> dict[str, str]:
 
 def read_class(root: Path, assignment: str) -> ClassData:
     """The assignment's cells and scores from ``gradebook.db``, messages and answers from ``autograded/``."""
-    from nbgrader.api import Gradebook, MissingEntry
+    from nbgrader.api import MissingEntry
 
     root = Path(root)
     if not (root / "gradebook.db").is_file():
         raise FileNotFoundError(f"no gradebook in {root}: grade first (make grade A={assignment})")
-    with Gradebook(f"sqlite:///{root / 'gradebook.db'}", course_id=course.COURSE_ID) as gb, \
-            warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # SQLAlchemy's, about nbgrader's own session handling
+    with course.gradebook(root) as gb:
         try:
             record = gb.find_assignment(assignment)
         except MissingEntry:

@@ -19,7 +19,6 @@ import csv
 import math
 import os
 import stat
-import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
@@ -30,7 +29,7 @@ from traitlets import Float
 from traitlets.config.loader import PyFileConfigLoader
 from traitlets.utils.importstring import import_item
 
-from mha_lab.grading.course import COURSE_ID
+from mha_lab.grading import course as courses
 
 __all__ = ["EXTENSIONS", "Late", "PerDayPenalty", "read_timestamp", "read_extensions", "late_plugin", "check",
            "apply"]
@@ -144,15 +143,14 @@ def late_plugin(course: Path) -> BasePlugin:
 def check(course: Path, assignments: Iterable[str]) -> None:
     """Before grading: ``extensions.csv`` and the penalty's configuration can be read, and every assignment it
     extends has a due date in the gradebook; ValueError (ImportError for a plugin) names what to fix."""
-    from nbgrader.api import Gradebook, MissingEntry
+    from nbgrader.api import MissingEntry
 
     extended, _ = read_extensions(course), late_plugin(course)
     for assignment in sorted({a for _, a in extended} & set(assignments)):
         due = None
         if (Path(course) / "gradebook.db").is_file():
-            with Gradebook(f"sqlite:///{Path(course) / 'gradebook.db'}", course_id=COURSE_ID) as gb:
-                with contextlib.suppress(MissingEntry):
-                    due = gb.find_assignment(assignment).duedate
+            with courses.gradebook(course) as gb, contextlib.suppress(MissingEntry):
+                due = gb.find_assignment(assignment).duedate
         if due is None:
             raise ValueError(f"{EXTENSIONS} extends {assignment}, which has no due date in the gradebook: set it "
                              f"first with nbgrader db assignment add {assignment} --duedate '2026-11-23 17:00:00 UTC'")
@@ -164,13 +162,12 @@ def apply(course: Path, assignment: str, students: Iterable[str]) -> dict[str, L
     A student with no name gets their id as last name (formgrader would print "None, None").
     Returns student -> ``Late``.
     """
-    from nbgrader.api import Gradebook, MissingEntry
+    from nbgrader.api import MissingEntry
 
     course = Path(course)
     extensions, plugin = read_extensions(course), late_plugin(course)
     found = {}
-    with Gradebook(f"sqlite:///{course / 'gradebook.db'}", course_id=COURSE_ID) as gb, warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # SQLAlchemy's about nbgrader's own session handling
+    with courses.gradebook(course) as gb:
         due = gb.find_assignment(assignment).duedate
         for student in students:
             try:

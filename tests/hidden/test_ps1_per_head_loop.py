@@ -60,7 +60,7 @@ def _split_hint(out, x, h: int) -> str:
     for bug, wrong in (("split-no-transpose", x.reshape(B, h, L, d // h)),
                        ("split-transpose-first", x.transpose(0, 2, 1).reshape(B, h, L, d // h))):
         if np.shape(out) == wrong.shape and np.allclose(out, wrong):
-            return SPLIT_HINT.replace("[bug: split-layout]", f"[bug: {bug}]")
+            return checks.retag(SPLIT_HINT, bug)
     return SPLIT_HINT
 
 

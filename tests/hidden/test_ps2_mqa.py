@@ -6,7 +6,6 @@ Each check: (1) make seeded inputs on shapes the notebook's visible tests do not
 """
 
 import copy
-import re
 
 import numpy as np
 
@@ -56,7 +55,7 @@ def _group_hint(out, layer, X, mask, other: str) -> str:
     wrong.W_Q, wrong.W_O = layer.W_Q[:, cols], layer.W_O[cols, :]
     candidate = wrong.forward(X, mask=mask)
     if np.shape(out) == candidate.shape and np.allclose(out, candidate, rtol=1e-8, atol=1e-10):
-        return re.sub(" " + checks.BUG_TAG.pattern, "", other) + " [bug: tile-not-repeat]"
+        return checks.retag(other, "tile-not-repeat")
     return _scale_hint(out, layer, X, mask, other)
 
 
