@@ -1,11 +1,13 @@
 """Positional encodings: each against an independent formulation, and RoPE's laws and decoding."""
 
+import inspect
 import math
 
 import numpy as np
 import pytest
 
 from mha_lab.cpu import (
+    GroupedQueryAttention,
     KVCache,
     LearnedPositions,
     MultiHeadAttention,
@@ -137,6 +139,21 @@ def test_an_offset_that_is_not_advanced_breaks_decoding():
                                                  for t in range(4, 8)]
     err = np.abs(np.concatenate(outs, axis=1) - layer.forward(X, create_causal_mask(8)))
     assert err[:, :5].max() < 1e-12 and err[:, 5:].max() > 1e-3  # right until the offset goes stale
+
+
+def test_every_layer_takes_the_offset_and_only_rope_depends_on_it():
+    assert inspect.signature(RotaryAttention.project_qkv) == inspect.signature(GroupedQueryAttention.project_qkv)
+    X = rng.standard_normal((1, 5, 16))
+    plain = GroupedQueryAttention(d_model=16, num_heads=4, num_kv_heads=2, seed=6)
+    for a, b in zip(plain.project_qkv(X, offset=7), plain.project_qkv(X), strict=True):
+        assert_close(a, b)
+    rope = RotaryAttention(d_model=16, num_heads=4, num_kv_heads=2, seed=6)
+    Q7, K7, V7 = rope.project_qkv(X, offset=7)
+    Q0, K0, V0 = rope.project_qkv(X)
+    assert_close(V7, V0)
+    assert np.abs(Q7 - Q0).max() > 1e-3 and np.abs(K7 - K0).max() > 1e-3
+    with pytest.raises(ValueError, match="takes no X_kv"):
+        rope.forward(X, X_kv=X)
 
 
 def test_rope_layer_rejects_bad_configurations():

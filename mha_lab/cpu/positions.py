@@ -169,17 +169,24 @@ class RotaryAttention(GroupedQueryAttention):
         positions = np.arange(offset, offset + x.shape[-2])
         return apply_rope(x, positions, self.layout, self.base).astype(self.dtype, copy=False)
 
-    def project_qkv(self, X: np.ndarray, offset: int = 0) -> tuple[np.ndarray, ...]:
+    def project_qkv(self, X: np.ndarray, X_kv: np.ndarray | None = None, *,
+                    offset: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Q and K rotated at positions ``offset + i``; V as is.
 
+        Self-attention only: queries and keys are rotated at positions in one sequence, so
+        keys from another sequence (``X_kv``) are refused.
         Shapes: X (B, L, d_model) -> Q (B, h, L, d_k); K, V (B, h_kv, L, d_k).
         """
+        if X_kv is not None:
+            raise ValueError("RotaryAttention is self-attention: RoPE rotates queries and keys at "
+                             "positions of one sequence, so it takes no X_kv")
         Q, K, V = super().project_qkv(X)
         return self.rotate(Q, offset), self.rotate(K, offset), V
 
-    def forward(self, X: np.ndarray, mask: np.ndarray | None = None, offset: int = 0) -> np.ndarray:
+    def forward(self, X: np.ndarray, mask: np.ndarray | None = None, *, X_kv: np.ndarray | None = None,
+                offset: int = 0) -> np.ndarray:
         """(B, L, d_model) -> (B, L, d_model) for tokens at positions ``offset .. offset+L-1``."""
-        Q, K, V = self.project_qkv(X, offset)
+        Q, K, V = self.project_qkv(X, X_kv, offset=offset)
         Z, A = scaled_dot_product_attention(Q, K, V, mask, enable_gqa=True)  # (B, h, L, d_k), (B, h, L, L)
         self.attention_weights = A
         return self.project_out(Z)
