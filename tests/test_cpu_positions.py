@@ -172,14 +172,19 @@ def test_alibi_slopes_follow_the_paper():
     assert_close(alibi_slopes(6), np.array([2**-2, 2**-4, 2**-6, 2**-8, 2**-1, 2**-3]))
 
 
-def test_alibi_bias_is_minus_slope_times_distance_and_shift_invariant():
+def test_alibi_bias_is_minus_slope_times_distance_at_any_offset():
     h, L = 4, 6
-    bias = alibi_bias(h, L)
     slopes = alibi_slopes(h)
-    for head in range(h):
-        for i in range(L):
-            for j in range(L):
-                assert bias[0, head, i, j] == -slopes[head] * abs(i - j)
-    assert_close(alibi_bias(h, 2, 6), bias[:, :, 4:])  # the last 2 queries of 6 keys: decoding rows
+    for offset in (0, 1000):
+        bias = alibi_bias(h, L, offset=offset)
+        for head in range(h):
+            for i in range(L):
+                for j in range(L):
+                    assert bias[0, head, i, j] == -slopes[head] * abs((offset + i) - (offset + j))
+    assert_close(alibi_bias(h, L, offset=1000), alibi_bias(h, L))  # positions 1000..1005 against 0..5
+    # decoding rows: 2 queries at positions 4 and 5 (1004, 1005) of 6 keys
+    distances = np.array([[4, 3, 2, 1, 0, 1], [5, 4, 3, 2, 1, 0]])
+    for offset in (0, 1000):
+        assert_close(alibi_bias(h, 2, 6, offset=offset), -slopes[None, :, None, None] * distances)
     with pytest.raises(ValueError, match="last positions"):
         alibi_bias(h, 7, 6)
