@@ -51,6 +51,8 @@ SPEEDS = [
     (1.0, 1.33, TIMING_MARGIN, "a and b take the same time within 25%"),
     (1.0, 1.34, TIMING_MARGIN, "a is 1.3x faster than b"),
     (1.0, 20.0, TIMING_MARGIN, "a is 20x faster than b"),
+    (123.0, 1.0, TIMING_MARGIN, "a is 120x slower than b"),  # two digits, no exponent
+    (1.0, 1234.0, TIMING_MARGIN, "a is 1200x faster than b"),
     (1.1, 1.0, 0.05, "a is 1.1x slower than b"),
     (1.1, 1.0, 0.1, "a and b take the same time within 10%"),
 ]
