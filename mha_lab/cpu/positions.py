@@ -173,13 +173,12 @@ class RotaryAttention(GroupedQueryAttention):
                     offset: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Q and K rotated at positions ``offset + i``; V as is.
 
-        Self-attention only: queries and keys are rotated at positions in one sequence, so
-        keys from another sequence (``X_kv``) are refused.
+        Self-attention only: queries and keys are rotated at positions in one
+        sequence, so keys from another sequence (``X_kv``) are refused.
         Shapes: X (B, L, d_model) -> Q (B, h, L, d_k); K, V (B, h_kv, L, d_k).
         """
-        if X_kv is not None:
-            raise ValueError("RotaryAttention is self-attention: RoPE rotates queries and keys at "
-                             "positions of one sequence, so it takes no X_kv")
+        if X_kv is not None:  # cross-attention: no positions shared by queries and keys
+            raise ValueError("RotaryAttention is self-attention: it takes no X_kv")
         Q, K, V = super().project_qkv(X)
         return self.rotate(Q, offset), self.rotate(K, offset), V
 
