@@ -34,15 +34,20 @@ def relation(value: float, reference: float, margin: float) -> int:
     return 0
 
 
+def _factor(ratio: float) -> str:
+    """A ratio to two significant digits without an exponent: 1.3, 12, 120."""
+    return f"{float(f'{ratio:.2g}'):g}"
+
+
 def speed(name: str, seconds: float, ref_name: str, ref_seconds: float,
           margin: float = TIMING_MARGIN) -> str:
     """A clause comparing two measured times: "<name> is 1.3x slower than <ref_name>", "... 1.3x
     faster than ...", or "<name> and <ref_name> take the same time within 25%"."""
     sign = relation(seconds, ref_seconds, margin)
     if sign > 0:
-        return f"{name} is {seconds / ref_seconds:.2g}x slower than {ref_name}"
+        return f"{name} is {_factor(seconds / ref_seconds)}x slower than {ref_name}"
     if sign < 0:
-        return f"{name} is {ref_seconds / seconds:.2g}x faster than {ref_name}"
+        return f"{name} is {_factor(ref_seconds / seconds)}x faster than {ref_name}"
     return f"{name} and {ref_name} take the same time within {margin:.0%}"
 
 

@@ -114,6 +114,20 @@ def test_shape_checks_every_implementation_against_the_reference(monkeypatch):
         bench._Shape(1, 16, 32, 4).forwards()
 
 
+@pytest.mark.parametrize("grid, statistic", [({}, "median"), ({"statistic": "min"}, "min")])
+def test_times_are_medians_unless_the_grid_asks_for_the_fastest(monkeypatch, grid, statistic):
+    asked = []
+
+    def record(calls, repeat, warmup, statistic):
+        asked.append(statistic)
+        return dict.fromkeys(calls, 1e-3)
+
+    monkeypatch.setattr(bench, "interleaved_times", record)
+    tiny = {**TINY, "lengths": (16,), "heads": (2,), "gemm_n": 8, **grid}
+    run_suite(sections=("forward",), grid=tiny, progress=False)
+    assert asked == [statistic]
+
+
 def test_unknown_section_is_rejected():
     with pytest.raises(ValueError, match="unknown sections"):
         run_suite(sections=("forward", "speed"), progress=False)

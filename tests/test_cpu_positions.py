@@ -1,11 +1,13 @@
 """Positional encodings: each against an independent formulation, and RoPE's laws and decoding."""
 
+import inspect
 import math
 
 import numpy as np
 import pytest
 
 from mha_lab.cpu import (
+    GroupedQueryAttention,
     KVCache,
     LearnedPositions,
     MultiHeadAttention,
@@ -139,6 +141,21 @@ def test_an_offset_that_is_not_advanced_breaks_decoding():
     assert err[:, :5].max() < 1e-12 and err[:, 5:].max() > 1e-3  # right until the offset goes stale
 
 
+def test_every_layer_takes_the_offset_and_only_rope_depends_on_it():
+    assert inspect.signature(RotaryAttention.project_qkv) == inspect.signature(GroupedQueryAttention.project_qkv)
+    X = rng.standard_normal((1, 5, 16))
+    plain = GroupedQueryAttention(d_model=16, num_heads=4, num_kv_heads=2, seed=6)
+    for a, b in zip(plain.project_qkv(X, offset=7), plain.project_qkv(X), strict=True):
+        assert_close(a, b)
+    rope = RotaryAttention(d_model=16, num_heads=4, num_kv_heads=2, seed=6)
+    Q7, K7, V7 = rope.project_qkv(X, offset=7)
+    Q0, K0, V0 = rope.project_qkv(X)
+    assert_close(V7, V0)
+    assert np.abs(Q7 - Q0).max() > 1e-3 and np.abs(K7 - K0).max() > 1e-3
+    with pytest.raises(ValueError, match="takes no X_kv"):
+        rope.forward(X, X_kv=X)
+
+
 def test_rope_layer_rejects_bad_configurations():
     with pytest.raises(ValueError, match="even"):
         RotaryAttention(d_model=9, num_heads=3)
@@ -155,14 +172,19 @@ def test_alibi_slopes_follow_the_paper():
     assert_close(alibi_slopes(6), np.array([2**-2, 2**-4, 2**-6, 2**-8, 2**-1, 2**-3]))
 
 
-def test_alibi_bias_is_minus_slope_times_distance_and_shift_invariant():
+def test_alibi_bias_is_minus_slope_times_distance_at_any_offset():
     h, L = 4, 6
-    bias = alibi_bias(h, L)
     slopes = alibi_slopes(h)
-    for head in range(h):
-        for i in range(L):
-            for j in range(L):
-                assert bias[0, head, i, j] == -slopes[head] * abs(i - j)
-    assert_close(alibi_bias(h, 2, 6), bias[:, :, 4:])  # the last 2 queries of 6 keys: decoding rows
+    for offset in (0, 1000):
+        bias = alibi_bias(h, L, offset=offset)
+        for head in range(h):
+            for i in range(L):
+                for j in range(L):
+                    assert bias[0, head, i, j] == -slopes[head] * abs((offset + i) - (offset + j))
+    assert_close(alibi_bias(h, L, offset=1000), alibi_bias(h, L))  # positions 1000..1005 against 0..5
+    # decoding rows: 2 queries at positions 4 and 5 (1004, 1005) of 6 keys
+    distances = np.array([[4, 3, 2, 1, 0, 1], [5, 4, 3, 2, 1, 0]])
+    for offset in (0, 1000):
+        assert_close(alibi_bias(h, 2, 6, offset=offset), -slopes[None, :, None, None] * distances)
     with pytest.raises(ValueError, match="last positions"):
         alibi_bias(h, 7, 6)

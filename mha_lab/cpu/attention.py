@@ -193,10 +193,14 @@ class GroupedQueryAttention(AttentionLayer):
             raise ValueError(f"X_kv has batch size {X_kv.shape[0]} but X has {X.shape[0]}")
         return X_kv
 
-    def project_qkv(self, X: np.ndarray, X_kv: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def project_qkv(self, X: np.ndarray, X_kv: np.ndarray | None = None, *,
+                    offset: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Queries, keys and values split into heads: step 1 of ``forward``, for code that supplies its own core.
 
         Keys and values come from ``X_kv`` when given (cross-attention), else from ``X``.
+        ``offset``, the absolute position of X's first token, is accepted and unused: these
+        projections do not depend on position (a layer whose projections do, like
+        ``RotaryAttention``, reads it), so a decoder passes it to any layer alike.
         Shapes: X: (B, L_q, d_model), X_kv: (B, L_k, d_model) -> Q: (B, h, L_q, d_k); K, V: (B, h_kv, L_k, d_k).
         """
         X = self.check_input(X)

@@ -21,7 +21,6 @@ import numpy as np
 from mha_lab import kv_cache
 from mha_lab.cpu.attention import GroupedQueryAttention
 from mha_lab.cpu.functional import check_rank, create_causal_mask, scaled_dot_product_attention
-from mha_lab.cpu.positions import RotaryAttention
 
 __all__ = ["KVCache", "prefill", "decode_step"]
 
@@ -50,13 +49,6 @@ def _check_layer_and_cache(layer: GroupedQueryAttention, X: np.ndarray, cache: K
                          "build it with KVCache.for_layer(layer, batch_size, ...)")
 
 
-def _project_qkv(layer: GroupedQueryAttention, X: np.ndarray, offset: int) -> tuple[np.ndarray, ...]:
-    """Q, K, V of tokens at positions offset, offset+1, ...: only a RoPE layer depends on the offset."""
-    if isinstance(layer, RotaryAttention):
-        return layer.project_qkv(X, offset)
-    return layer.project_qkv(X)
-
-
 def prefill(layer: GroupedQueryAttention, X: np.ndarray, cache: KVCache) -> np.ndarray:
     """Run the prompt X (B, L, d_model) causally, store its keys and values; returns (B, L, d_model).
 
@@ -66,7 +58,7 @@ def prefill(layer: GroupedQueryAttention, X: np.ndarray, cache: KVCache) -> np.n
     if cache.length:
         raise ValueError(f"prefill needs an empty cache, this one holds {cache.length} positions; "
                          "continue with decode_step")
-    Q, K, V = _project_qkv(layer, X, 0)  # (B, h, L, d_k), (B, h_kv, L, d_k), (B, h_kv, L, d_k)
+    Q, K, V = layer.project_qkv(X, offset=0)  # (B, h, L, d_k), (B, h_kv, L, d_k), (B, h_kv, L, d_k)
     mask = create_causal_mask(X.shape[1], layer.dtype, window=cache.window)  # (1, 1, L, L)
     Z, _ = scaled_dot_product_attention(Q, K, V, mask, enable_gqa=True)  # (B, h, L, d_k)
     cache.append(K, V)
@@ -94,7 +86,7 @@ def decode_step(layer: GroupedQueryAttention, x: np.ndarray,
                          f"got shape {x.shape}; run a prompt with prefill")
     offset = cache.length if offset is None else offset
     # (B, h, 1, d_k), (B, h_kv, 1, d_k) twice
-    q, k, v = _project_qkv(layer, x, offset)
+    q, k, v = layer.project_qkv(x, offset=offset)
     cache.append(k, v)
     # h query heads against h_kv cached heads: (B, h, 1, d_k)
     z, _ = scaled_dot_product_attention(q, cache.keys, cache.values, enable_gqa=True)

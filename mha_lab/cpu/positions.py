@@ -169,17 +169,23 @@ class RotaryAttention(GroupedQueryAttention):
         positions = np.arange(offset, offset + x.shape[-2])
         return apply_rope(x, positions, self.layout, self.base).astype(self.dtype, copy=False)
 
-    def project_qkv(self, X: np.ndarray, offset: int = 0) -> tuple[np.ndarray, ...]:
+    def project_qkv(self, X: np.ndarray, X_kv: np.ndarray | None = None, *,
+                    offset: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Q and K rotated at positions ``offset + i``; V as is.
 
+        Self-attention only: queries and keys are rotated at positions in one
+        sequence, so keys from another sequence (``X_kv``) are refused.
         Shapes: X (B, L, d_model) -> Q (B, h, L, d_k); K, V (B, h_kv, L, d_k).
         """
+        if X_kv is not None:  # cross-attention: no positions shared by queries and keys
+            raise ValueError("RotaryAttention is self-attention: it takes no X_kv")
         Q, K, V = super().project_qkv(X)
         return self.rotate(Q, offset), self.rotate(K, offset), V
 
-    def forward(self, X: np.ndarray, mask: np.ndarray | None = None, offset: int = 0) -> np.ndarray:
+    def forward(self, X: np.ndarray, mask: np.ndarray | None = None, *, X_kv: np.ndarray | None = None,
+                offset: int = 0) -> np.ndarray:
         """(B, L, d_model) -> (B, L, d_model) for tokens at positions ``offset .. offset+L-1``."""
-        Q, K, V = self.project_qkv(X, offset)
+        Q, K, V = self.project_qkv(X, X_kv, offset=offset)
         Z, A = scaled_dot_product_attention(Q, K, V, mask, enable_gqa=True)  # (B, h, L, d_k), (B, h, L, L)
         self.attention_weights = A
         return self.project_out(Z)
@@ -205,16 +211,19 @@ def alibi_slopes(num_heads: int) -> np.ndarray:
     return np.concatenate([geometric(n), geometric(2 * n)[0::2][: num_heads - n]])
 
 
-def alibi_bias(num_heads: int, seq_len_q: int, seq_len_k: int | None = None) -> np.ndarray:
-    r"""ALiBi's additive score bias :math:`-\alpha_h\,|i - j|`, to add to the scores like a mask.
+def alibi_bias(num_heads: int, seq_len_q: int, seq_len_k: int | None = None, offset: int = 0) -> np.ndarray:
+    r"""ALiBi's additive score bias :math:`-\alpha_h\,|p_i - p_j|`, to add to the scores like a mask.
 
-    Shapes: -> (1, h, L_q, L_k). Queries are the last L_q of the L_k positions (decoding), so
-    query i sits at position :math:`L_k - L_q + i`. Under a causal mask this is the paper's
-    :math:`\alpha_h\,(j - i)`; add ``create_causal_mask`` for a decoder.
+    Shapes: -> (1, h, L_q, L_k). Key j sits at position :math:`p_j = \text{offset} + j`, and the
+    queries are the last L_q of the L_k positions (decoding), so query i sits at
+    :math:`p_i = \text{offset} + L_k - L_q + i`. Under a causal mask this is the paper's
+    :math:`\alpha_h\,(p_j - p_i)`; add ``create_causal_mask`` for a decoder. ``offset`` places
+    the sequence as in the other encodings; only distances enter the bias.
     """
     L_k = seq_len_q if seq_len_k is None else seq_len_k
     if seq_len_q > L_k:
         raise ValueError(f"seq_len_q={seq_len_q} > seq_len_k={L_k}: queries are the last positions of the keys")
-    q_pos = np.arange(L_k - seq_len_q, L_k)  # (L_q,)
-    distance = np.abs(q_pos[:, None] - np.arange(L_k)[None, :])  # (L_q, L_k)
+    k_pos = np.arange(offset, offset + L_k)  # (L_k,)
+    q_pos = k_pos[L_k - seq_len_q:]  # (L_q,)
+    distance = np.abs(q_pos[:, None] - k_pos[None, :])  # (L_q, L_k)
     return -alibi_slopes(num_heads)[None, :, None, None] * distance  # (1, h, L_q, L_k)
