@@ -46,3 +46,7 @@ c.Autograde.autograde_preprocessors = ["mha_lab.instructor.autograde.SandboxedAu
 # c.AssignLatePenalties.plugin_class = "mha_lab.instructor.term.PerDayPenalty"
 # c.PerDayPenalty.per_day = 0.1
 # c.PerDayPenalty.cap = 0.5
+
+# `nbgrader export`: nbgrader's CSV with a last column, status (graded / not graded / not submitted); a student
+# who did not submit, or could not be graded, gets empty scores instead of stock nbgrader's 0.
+c.ExportApp.plugin_class = "mha_lab.instructor.lms.CsvExport"

@@ -108,19 +108,20 @@ def test_scores_penalties_and_the_nbgrader_export_are_exact(term_course):
     export = root / "export.csv"
     proc = courses.nbgrader(root, "export", "--to", str(export))
     assert proc.returncode == 0, proc.stderr
-    columns = ("duedate", "timestamp", "raw_score", "late_submission_penalty", "score", "max_score")
+    columns = ("duedate", "timestamp", "raw_score", "late_submission_penalty", "score", "max_score", "status")
     got = {s: tuple(row[c] for c in columns) for s, row in _rows(export, "student_id").items()}
     due = "2026-11-20 17:00:00"  # the registration kept the due date
     assert got == {
-        "ontime": (due, "2026-11-20 16:00:00", "3.0", "0.0", "3.0", "3.0"),
-        "late": (due, "2026-11-21 19:00:00", "3.0", "0.6", "2.4", "3.0"),
-        "extended": (due, "2026-11-21 23:00:00", "3.0", "0.3", "2.7", "3.0"),
-        "notime": (due, "", "3.0", "0.0", "3.0", "3.0"),
-        "half": (due, "2026-11-20 12:00:00", "2.0", "0.0", "2.0", "3.0"),
-        "renamed": (due, "2026-11-20 12:00:00", "3.0", "0.0", "3.0", "3.0"),
-        "twofiles": (due, "2026-11-20 12:00:00", "0.0", "0.0", "0.0", "3.0"),
-        "visible": (due, "2026-11-20 12:00:00", "3.0", "0.0", "3.0", "3.0"),
-        "raises": (due, "2026-11-20 12:00:00", "0.0", "0.0", "0.0", "3.0"),
+        "ontime": (due, "2026-11-20 16:00:00", "3.0", "0.0", "3.0", "3.0", "graded"),
+        "late": (due, "2026-11-21 19:00:00", "3.0", "0.6", "2.4", "3.0", "graded"),
+        "extended": (due, "2026-11-21 23:00:00", "3.0", "0.3", "2.7", "3.0", "graded"),
+        "notime": (due, "", "3.0", "0.0", "3.0", "3.0", "graded"),
+        "half": (due, "2026-11-20 12:00:00", "2.0", "0.0", "2.0", "3.0", "graded"),
+        "renamed": (due, "2026-11-20 12:00:00", "3.0", "0.0", "3.0", "3.0", "graded"),
+        "twofiles": (due, "2026-11-20 12:00:00", "", "", "", "3.0", "not graded"),
+        "visible": (due, "2026-11-20 12:00:00", "3.0", "0.0", "3.0", "3.0", "graded"),
+        "raises": (due, "2026-11-20 12:00:00", "0.0", "0.0", "0.0", "3.0", "graded"),
+        "absent": (due, "", "", "", "", "3.0", "not submitted"),
     }, proc.stdout
     rows = _rows(root / "grades_demo.csv", "student")
     assert {s: (r["status"], r["hours_late"], r["penalty"], r["final_score"]) for s, r in rows.items()} == {
@@ -138,6 +139,32 @@ def test_scores_penalties_and_the_nbgrader_export_are_exact(term_course):
     assert "NOT GRADED: missing notebook demo.ipynb (found: a.ipynb, b.ipynb)" in lines["twofiles"]
     assert "9 submissions: 8 graded, 1 not graded, 2 late" in summary and lines["raises"].split()[-1] == "all"
     assert max(len(line) for line in summary.split("\nwrote ")[0].splitlines()) <= 120, summary
+
+
+@pytest.mark.slow
+def test_nbgrader_export_is_the_stock_export_with_no_score_where_nothing_was_graded(term_course):
+    """The course's ``nbgrader export`` against nbgrader's own plugin on the same gradebook: a graded student's
+    line is the stock line plus its status; stock writes 0 for the student it could not grade."""
+    root, _ = term_course
+    ours, stock = root / "export_ours.csv", root / "export_stock.csv"
+    for to, plugin in ((ours, []), (stock, ["--ExportApp.plugin_class=nbgrader.plugins.export.CsvExportPlugin"])):
+        proc = courses.nbgrader(root, "export", "--to", str(to), *plugin)
+        assert proc.returncode == 0, proc.stderr
+    stock_lines = stock.read_text().splitlines()
+    lines = {line.split(",")[3]: line for line in ours.read_text().splitlines()[1:]}
+    assert ours.read_text().splitlines()[0] == stock_lines[0] + ",status"
+    graded = {s for s, line in lines.items() if line.endswith(",graded")}
+    assert graded == set(CLASS) - {"twofiles"}
+    assert sorted(lines[s] for s in graded) == sorted(line + ",graded" for line in stock_lines[1:]
+                                                      if line.split(",")[3] in graded)
+    stock_rows, rows = _rows(stock, "student_id"), _rows(ours, "student_id")
+    assert stock_rows["twofiles"]["score"] == "0.0" and "absent" not in stock_rows  # what stock nbgrader writes
+    assert {s: (rows[s]["raw_score"], rows[s]["score"], rows[s]["status"]) for s in ("twofiles", "absent")} == \
+        {"twofiles": ("", "", "not graded"), "absent": ("", "", "not submitted")}
+    proc = courses.nbgrader(root, "export", "--to", str(ours), "--student", "absent", "--student", "late",
+                            "--assignment", "demo")
+    assert proc.returncode == 0, proc.stderr
+    assert {s: r["score"] for s, r in _rows(ours, "student_id").items()} == {"absent": "", "late": "2.4"}
 
 
 @pytest.mark.slow

@@ -12,6 +12,10 @@
   is left empty, never 0.
 - The long CSV has one row per student and assignment: ``student, assignment, status, score,
   raw_score, late_penalty, max_score, timestamp, seconds_late``.
+
+``nbgrader export`` in the course writes its stock CSV through ``CsvExport`` (set in ``nbgrader_config.py``):
+the same columns and, for a graded student, the same row, plus a last column ``status``; a student with no
+submission, or one that could not be graded, gets empty scores where stock nbgrader writes 0.
 """
 
 from __future__ import annotations
@@ -24,12 +28,18 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from nbgrader.api import Gradebook, MissingEntry
+from nbgrader.plugins import ExportPlugin
+
 from mha_lab.grading import course as courses
 
-__all__ = ["Grade", "read_grades", "canvas", "write_long", "main"]
+__all__ = ["Grade", "read_grades", "canvas", "write_long", "CsvExport", "main"]
 
 LONG_FIELDS = ["student", "assignment", "status", "score", "raw_score", "late_penalty", "max_score", "timestamp",
                "seconds_late"]
+# nbgrader 0.9.6's CsvExportPlugin columns, in its order, then ours
+EXPORT_FIELDS = ["assignment", "duedate", "timestamp", "student_id", "last_name", "first_name", "email", "raw_score",
+                 "late_submission_penalty", "score", "max_score", "status"]
 
 
 @dataclass(frozen=True)
@@ -56,33 +66,33 @@ def _not_graded(course: Path, assignment: str) -> set[str]:
         return {row["student"] for row in csv.DictReader(f) if row.get("status") == "not graded"}
 
 
-def read_grades(course: Path) -> dict[tuple[str, str], Grade]:
+def read_grades(course: Path, gradebook: Gradebook | None = None) -> dict[tuple[str, str], Grade]:
     """(student, assignment) -> Grade, for every assignment of the course's gradebook and every student of the
-    gradebook or of ``submitted/``."""
-    from nbgrader.api import MissingEntry
-
-    db = Path(course) / "gradebook.db"
-    if not db.is_file():
-        raise FileNotFoundError(f"no gradebook at {db}: grade first (make grade)")
+    gradebook or of ``submitted/``; ``gradebook`` is nbgrader's, open (default: ``<course>/gradebook.db``)."""
+    if gradebook is None:
+        db = Path(course) / "gradebook.db"
+        if not db.is_file():
+            raise FileNotFoundError(f"no gradebook at {db}: grade first (make grade)")
+        with courses.gradebook(course) as gb:
+            return read_grades(course, gb)
     grades = {}
-    with courses.gradebook(course) as gb:
-        everyone = sorted({s.id for s in gb.students} | set(courses.students(course)))
-        for assignment in gb.assignments:
-            skipped = _not_graded(course, assignment.name)
-            for student in everyone:
-                key = (student, assignment.name)
-                try:
-                    sub = gb.find_submission(assignment.name, student)
-                except MissingEntry:
-                    grades[key] = Grade(*key, "not submitted", max_score=assignment.max_score)
-                    continue
-                if student in skipped:
-                    grades[key] = Grade(*key, "not graded", max_score=assignment.max_score)
-                    continue
-                penalty = sub.late_submission_penalty or 0.0
-                grades[key] = Grade(*key, "graded", max(0.0, sub.score - penalty), sub.score, penalty,
-                                    assignment.max_score, sub.timestamp.isoformat(sep=" ") if sub.timestamp else "",
-                                    sub.total_seconds_late)
+    everyone = sorted({s.id for s in gradebook.students} | set(courses.students(course)))
+    for assignment in gradebook.assignments:
+        skipped = _not_graded(course, assignment.name)
+        for student in everyone:
+            key = (student, assignment.name)
+            try:
+                sub = gradebook.find_submission(assignment.name, student)
+            except MissingEntry:
+                grades[key] = Grade(*key, "not submitted", max_score=assignment.max_score)
+                continue
+            timestamp = sub.timestamp.isoformat(sep=" ") if sub.timestamp else ""
+            if student in skipped:
+                grades[key] = Grade(*key, "not graded", max_score=assignment.max_score, timestamp=timestamp)
+                continue
+            penalty = sub.late_submission_penalty or 0.0
+            grades[key] = Grade(*key, "graded", max(0.0, sub.score - penalty), sub.score, penalty,
+                                assignment.max_score, timestamp, sub.total_seconds_late)
     return grades
 
 
@@ -135,6 +145,33 @@ def canvas(export: Path, grades: dict[tuple[str, str], Grade], out: Path, id_col
     with open(out, "w", newline="", encoding="utf-8") as f:
         csv.writer(f).writerows(rows)
     return notes
+
+
+class CsvExport(ExportPlugin):
+    """``nbgrader export``: nbgrader's CSV (``--to``, default ``grades.csv``; ``--assignment``, ``--student``) from
+    ``read_grades``, with a last column ``status``. Scores stay empty unless graded, where stock nbgrader writes 0;
+    a student with a folder in ``submitted/`` but not in the gradebook gets a row too, with no name."""
+
+    def export(self, gradebook: Gradebook) -> None:
+        dest = self.to or "grades.csv"
+        grades = read_grades(Path(self.parent.coursedir.root), gradebook)
+        people = {s.id: s for s in gradebook.students}  # nbgrader's order: by last, then first name
+        everyone = [*people, *sorted({s for s, _ in grades} - people.keys())]
+        only_assignments, only_students = {str(a) for a in self.assignment}, {str(s) for s in self.student}
+        self.log.info("Exporting grades to %s", dest)
+        with open(dest, "w", newline="") as f:
+            writer = csv.writer(f, lineterminator="\n")  # as nbgrader ends its lines; None is written empty
+            writer.writerow(EXPORT_FIELDS)
+            for assignment in gradebook.assignments:
+                if only_assignments and assignment.name not in only_assignments:
+                    continue
+                for student in everyone:
+                    if only_students and student not in only_students:
+                        continue
+                    grade, person = grades[student, assignment.name], people.get(student)
+                    writer.writerow([assignment.name, assignment.duedate, grade.timestamp, student,
+                                     *(getattr(person, name, None) for name in ("last_name", "first_name", "email")),
+                                     grade.raw_score, grade.late_penalty, grade.score, grade.max_score, grade.status])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
