@@ -201,7 +201,8 @@ def scaled_dot_product_attention_backward(
     .. math::
         \nabla_A = \nabla_Z V^\top, \quad \nabla_V = A^\top \nabla_Z,
 
-        \nabla_S = A \odot (\nabla_A - D), \quad D = \operatorname{rowsum}(\nabla_A \odot A),
+        \nabla_S = A \odot (\nabla_A - D), \quad
+        D = \operatorname{rowsum}(\nabla_A \odot A),
 
         \nabla_Q = \nabla_S K / \sqrt{d_k}, \quad
         \nabla_K = \nabla_S^\top Q / \sqrt{d_k}
