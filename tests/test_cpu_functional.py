@@ -11,6 +11,7 @@ from mha_lab.cpu import (
     merge_heads,
     repeat_kv,
     scaled_dot_product_attention,
+    scaled_dot_product_attention_backward,
     softmax,
     softmax_backward,
     split_heads,
@@ -114,6 +115,28 @@ def test_sdpa_shapes_and_mask_broadcast():
     assert out.shape == (2, 3, 5, 6) and A.shape == (2, 3, 5, 5)
     assert np.all(A[..., np.triu_indices(5, k=1)[0], np.triu_indices(5, k=1)[1]] == 0)
 
+
+
+@pytest.mark.parametrize("h, h_kv, L_q", [(4, 2, 6), (6, 1, 6), (6, 3, 1)])
+def test_sdpa_backward_of_shared_heads_sums_the_gradients_of_repeated_heads(h, h_kv, L_q):
+    """K/V heads shared by groups (never copied) get the plain backward's gradients on repeat_kv copies, summed."""
+    B, L_k, d, n_rep = 2, 7, 4, h // h_kv
+    rng = np.random.default_rng(h * h_kv)
+    Q, G = rng.standard_normal((B, h, L_q, d)), rng.standard_normal((B, h, L_q, d))
+    K, V = rng.standard_normal((B, h_kv, L_k, d)), rng.standard_normal((B, h_kv, L_k, d))
+    mask = create_causal_mask(L_q, key_len=L_k)
+    _, A = scaled_dot_product_attention(Q, K, V, mask, enable_gqa=True)
+    grad_Q, grad_K, grad_V = scaled_dot_product_attention_backward(G, Q, K, V, A)
+
+    K_rep, V_rep = repeat_kv(K, n_rep), repeat_kv(V, n_rep)  # (B, h_kv, L_k, d) -> (B, h, L_k, d)
+    _, A_rep = scaled_dot_product_attention(Q, K_rep, V_rep, mask)
+    grad_Q_rep, grad_K_rep, grad_V_rep = scaled_dot_product_attention_backward(G, Q, K_rep, V_rep, A_rep)
+    assert grad_K.shape == K.shape and grad_V.shape == V.shape
+    assert_close(grad_Q, grad_Q_rep)
+    # (B, h, L_k, d) -> (B, h_kv, n_rep, L_k, d): each copy's gradient, added up per shared head
+    assert_close(grad_K, grad_K_rep.reshape(B, h_kv, n_rep, L_k, d).sum(axis=2))
+    assert_close(grad_V, grad_V_rep.reshape(B, h_kv, n_rep, L_k, d).sum(axis=2))
+    assert np.abs(grad_K - grad_K_rep[:, ::n_rep]).max() > 1e-3  # one copy alone is not the gradient
 
 @pytest.mark.parametrize("mask, error", [
     (np.zeros((1, 1, 4, 4)), "does not broadcast"),

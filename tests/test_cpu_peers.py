@@ -6,7 +6,14 @@ import pytest
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
-from mha_lab.cpu import GroupedQueryAttention, MultiHeadAttention, create_causal_mask, split_heads  # noqa: E402
+from mha_lab.cpu import (  # noqa: E402
+    GroupedQueryAttention,
+    MultiHeadAttention,
+    create_causal_mask,
+    scaled_dot_product_attention,
+    scaled_dot_product_attention_backward,
+    split_heads,
+)
 from mha_lab.cuda.attention import torch_multihead_attention  # noqa: E402
 from mha_lab.testing import assert_close  # noqa: E402
 
@@ -82,3 +89,29 @@ def test_gqa_gradients_match_torch_autograd():
     assert_close(grad_X, Xt.grad.numpy())
     for name, grad in gqa.gradients().items():
         assert_close(grad, t[name].grad.numpy(), err_msg=name)
+
+
+@pytest.mark.parametrize("h, h_kv, L_q, L_k", [(3, 3, 7, 7), (4, 2, 7, 7), (6, 1, 5, 9), (4, 2, 1, 6)])
+@pytest.mark.parametrize("masked", [False, True])
+def test_sdpa_backward_matches_torch_autograd(h, h_kv, L_q, L_k, masked):
+    """Steps 3-5 alone against autograd through F.scaled_dot_product_attention, for MHA, GQA and MQA."""
+    B, d_k, d_v = 2, 5, 3
+    rng = np.random.default_rng(h + h_kv + L_q)
+    Q, K, V = (rng.standard_normal(s) for s in ((B, h, L_q, d_k), (B, h_kv, L_k, d_k), (B, h_kv, L_k, d_v)))
+    G = rng.standard_normal((B, h, L_q, d_v))
+    mask = None
+    if masked:  # causal (bottom-right) and, in batch 0, the last key padded out: -inf entries
+        mask = np.broadcast_to(create_causal_mask(L_q, key_len=L_k), (B, 1, L_q, L_k)).copy()
+        mask[0, ..., -1] = -np.inf
+    Z, A = scaled_dot_product_attention(Q, K, V, mask, enable_gqa=True)
+    grads = scaled_dot_product_attention_backward(G, Q, K, V, A)
+
+    Qt, Kt, Vt = (torch.from_numpy(x).requires_grad_(True) for x in (Q, K, V))
+    Zt = F.scaled_dot_product_attention(Qt, Kt, Vt, attn_mask=None if mask is None else torch.from_numpy(mask),
+                                        enable_gqa=h != h_kv)
+    (Zt * torch.from_numpy(G)).sum().backward()
+
+    assert_close(Z, Zt.detach().numpy())
+    for name, grad, ref in zip("QKV", grads, (Qt, Kt, Vt), strict=True):
+        assert grad.shape == ref.shape, name
+        assert_close(grad, ref.grad.numpy(), err_msg=f"grad_{name}")

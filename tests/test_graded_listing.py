@@ -16,7 +16,7 @@ import graded_listing  # noqa: E402 - a local Sphinx extension of the book, not 
 # Listings of mha_lab code that answer a graded task, and the problem set each answers.
 ANSWERS = {"softmax": "ps1", "decode_step": "ps2", "repeat_kv": "ps2", "head_by_head_forward": "ps3",
            "chunked_attention": "ps3", "online_softmax_step": "ps3",
-           "GroupedQueryAttention.backward": "ps4", "MultiHeadAttention.backward": "ps4"}
+           "scaled_dot_product_attention_backward": "ps4", "GroupedQueryAttention.backward": "ps4"}
 LISTING = re.compile(r"```\{(?P<kind>[\w-]+)\} (?P<path>\S+)\n(?P<options>(?::[\w-]+:.*\n)+)```")
 
 

@@ -7,6 +7,7 @@ from mha_lab.cpu.functional import (
     merge_heads,
     repeat_kv,
     scaled_dot_product_attention,
+    scaled_dot_product_attention_backward,
     softmax,
     softmax_backward,
     split_heads,
@@ -34,7 +35,8 @@ from mha_lab.cpu.positions import (
 
 __all__ = [
     "softmax", "softmax_backward", "create_causal_mask", "split_heads", "merge_heads", "repeat_kv",
-    "scaled_dot_product_attention", "SelfAttention", "MultiHeadAttention", "GroupedQueryAttention",
+    "scaled_dot_product_attention", "scaled_dot_product_attention_backward",
+    "SelfAttention", "MultiHeadAttention", "GroupedQueryAttention",
     "per_head_attention", "head_by_head_forward", "chunked_forward", "chunked_attention", "chunked_attention_backward",
     "ChunkedLayer", "Checkpointed", "KVCache", "prefill", "decode_step",
     "sinusoidal_encoding", "LearnedPositions", "apply_rope", "rotation_matrix", "interleaved_to_half",

@@ -16,7 +16,7 @@ from mha_lab.cpu.functional import (
     check_rank,
     merge_heads,
     scaled_dot_product_attention,
-    softmax_backward,
+    scaled_dot_product_attention_backward,
     split_heads,
 )
 
@@ -124,12 +124,8 @@ class SelfAttention(AttentionLayer):
     def backward(self, grad_out: np.ndarray) -> np.ndarray:
         """Store grad_W_* (and grad_b_*) and return dL/dX of shape (B, L, d_model)."""
         c = self._cached()
-        grad_Z = self.project_backward(c["Z"], grad_out, "O")
-        grad_A = grad_Z @ c["V"].transpose(0, 2, 1)
-        grad_V = c["A"].transpose(0, 2, 1) @ grad_Z
-        grad_S = softmax_backward(grad_A, c["A"]) / np.sqrt(self.d_k)
-        grad_Q = grad_S @ c["K"]
-        grad_K = grad_S.transpose(0, 2, 1) @ c["Q"]
+        grad_Z = self.project_backward(c["Z"], grad_out, "O")  # (B, L, d_v)
+        grad_Q, grad_K, grad_V = scaled_dot_product_attention_backward(grad_Z, c["Q"], c["K"], c["V"], c["A"])
         return sum(self.project_backward(c["X"], g, n) for g, n in ((grad_Q, "Q"), (grad_K, "K"), (grad_V, "V")))
 
 
@@ -219,17 +215,6 @@ class GroupedQueryAttention(AttentionLayer):
         """The last forward's attention as a list of h matrices of shape (B, L, L), for plotting."""
         return [self.attention_weights[:, i] for i in range(self.num_heads)]
 
-    def _group(self, x: np.ndarray) -> np.ndarray:
-        """The query heads under the K/V head they share, a view: query head i is (i // n_rep, i % n_rep)."""
-        B, _, L, n = x.shape
-        return x.reshape(B, self.num_kv_heads, self.n_rep, L, n)  # (B, h, L, n) -> (B, h_kv, n_rep, L, n)
-
-    def _sum_groups(self, g: np.ndarray) -> np.ndarray:
-        """Backward of sharing a K/V head: add up the gradients of the query heads of its group."""
-        if self.n_rep == 1:
-            return g
-        return self._group(g).sum(axis=2)  # (B, h, L, d) -> (B, h_kv, n_rep, L, d) -> (B, h_kv, L, d)
-
     def backward(self, grad_out: np.ndarray
                  ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
         """The seven steps of the chain rule, in reverse order of the forward.
@@ -244,28 +229,14 @@ class GroupedQueryAttention(AttentionLayer):
         if grad_out.shape != c["X"].shape:
             raise ValueError(f"grad_out has shape {grad_out.shape}, "
                              f"expected {c['X'].shape}")
-        A = c["A"]
         # step 1: output projection -> grad_W_O, grad_concat
         # (B, L_q, d_model)
         grad_concat = self.project_backward(c["concat"], grad_out, "O")
         # step 2: head merge -> (B, L_q, d_model) -> (B, h, L_q, d_k)
         grad_Z = split_heads(grad_concat, self.num_heads)
-        # step 3: Z = A V -> grad_A, grad_V
-        # (B, h_kv, n_rep, L_q, L_k)
-        grad_A = self._group(grad_Z) @ c["V"][:, :, None].swapaxes(-1, -2)
-        grad_A = grad_A.reshape(A.shape)  # -> (B, h, L_q, L_k)
-        grad_V = A.transpose(0, 1, 3, 2) @ grad_Z  # (B, h, L_k, d_k)
-        # step 4: softmax (masked positions have A = 0, so their gradient is 0)
-        grad_S = softmax_backward(grad_A, A)  # (B, h, L_q, L_k)
-        # step 5: scale and Q K^T -> grad_Q, grad_K
-        grad_S *= 1.0 / np.sqrt(self.d_k)
-        # (B, h_kv, n_rep, L_q, L_k) @ (B, h_kv, 1, L_k, d_k)
-        grad_Q = self._group(grad_S) @ c["K"][:, :, None]
-        # (B, h_kv, n_rep, L_q, d_k) -> (B, h, L_q, d_k)
-        grad_Q = grad_Q.reshape(c["Q"].shape)
-        grad_K = grad_S.transpose(0, 1, 3, 2) @ c["Q"]  # (B, h, L_k, d_k)
-        # -> (B, h_kv, L_k, d_k)
-        grad_K, grad_V = self._sum_groups(grad_K), self._sum_groups(grad_V)
+        # steps 3-5: Z = A V, softmax, S = Q K^T / sqrt(d_k) -> grad_Q, grad_K, grad_V
+        grad_Q, grad_K, grad_V = scaled_dot_product_attention_backward(
+            grad_Z, c["Q"], c["K"], c["V"], c["A"])
         # step 6: head split -> (B, h, L, d_k) -> (B, L, h*d_k)
         grads = {"Q": merge_heads(grad_Q), "K": merge_heads(grad_K),
                  "V": merge_heads(grad_V)}

@@ -17,6 +17,7 @@ __all__ = [
     "merge_heads",
     "repeat_kv",
     "scaled_dot_product_attention",
+    "scaled_dot_product_attention_backward",
 ]
 
 
@@ -189,6 +190,44 @@ def scaled_dot_product_attention(
     return weights @ V, weights
 
 
+def scaled_dot_product_attention_backward(
+    grad_Z: np.ndarray, Q: np.ndarray, K: np.ndarray, V: np.ndarray, A: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    r"""Backward of ``scaled_dot_product_attention``: steps 3 to 5 of the backward.
+
+    Takes the gradient of the output Z = A V and the forward's Q, K, V and weights
+    A; returns ``(grad_Q, grad_K, grad_V)``. The mask is a constant: no gradient.
+
+    .. math::
+        \nabla_A = \nabla_Z V^\top, \quad \nabla_V = A^\top \nabla_Z,
+
+        \nabla_S = A \odot (\nabla_A - D), \quad
+        D = \operatorname{rowsum}(\nabla_A \odot A),
+
+        \nabla_Q = \nabla_S K / \sqrt{d_k}, \quad
+        \nabla_K = \nabla_S^\top Q / \sqrt{d_k}
+
+    Shapes: as the forward's: grad_Z (..., L_q, d_v), Q (..., L_q, d_k),
+    K (..., L_k, d_k), V (..., L_k, d_v), A (..., L_q, L_k); each gradient has the
+    shape of its tensor.
+    """
+    if K.shape[:-2] != Q.shape[:-2]:
+        return _grouped_attention_backward(grad_Z, Q, K, V, A)
+    # step 3: Z = A V
+    # (..., L_q, d_v) @ (..., d_v, L_k) -> (..., L_q, L_k)
+    grad_A = grad_Z @ np.swapaxes(V, -1, -2)
+    # (..., L_k, L_q) @ (..., L_q, d_v) -> (..., L_k, d_v)
+    grad_V = np.swapaxes(A, -1, -2) @ grad_Z
+    # step 4: A = softmax(S); masked positions have A = 0, so their gradient is 0
+    grad_S = softmax_backward(grad_A, A)  # (..., L_q, L_k)
+    # step 5: S = Q K^T / sqrt(d_k)
+    grad_S *= 1.0 / np.sqrt(Q.shape[-1])
+    grad_Q = grad_S @ K  # (..., L_q, L_k) @ (..., L_k, d_k) -> (..., L_q, d_k)
+    # (..., L_k, L_q) @ (..., L_q, d_k) -> (..., L_k, d_k)
+    grad_K = np.swapaxes(grad_S, -1, -2) @ Q
+    return grad_Q, grad_K, grad_V
+
+
 def _grouped_attention(Q: np.ndarray, K: np.ndarray, V: np.ndarray,
                        mask: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
     """The core with each K/V head shared by its group of query heads, never copied.
@@ -199,15 +238,9 @@ def _grouped_attention(Q: np.ndarray, K: np.ndarray, V: np.ndarray,
     query head stays apart and its K/V head is broadcast over the group (stride 0), so that a
     mask broadcasts too, and is not copied.
     """
-    for name, t in (("Q", Q), ("K", K), ("V", V)):
-        check_rank(name, t, 4, "(B, heads, L, d) with enable_gqa")
-    (B, h, L_q, d_k), h_kv, L_k = Q.shape, K.shape[1], K.shape[2]
-    if K.shape[:2] != V.shape[:2] or K.shape[0] != B:
-        raise ValueError(f"Q, K, V must share the batch size and K, V the head count: "
-                         f"got {Q.shape}, {K.shape}, {V.shape}")
-    if h % h_kv:
-        raise ValueError(f"Q has {h} heads, not divisible by the {h_kv} key/value heads of K and V")
-    n_rep = h // h_kv
+    h_kv, n_rep = _check_groups(Q, K, V)
+    B, h, L_q, d_k = Q.shape
+    L_k = K.shape[2]
     if mask is not None:
         check_mask(mask, (B, h, L_q, L_k))
         mask = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)  # -> (b, h or 1, L_q or 1, L_k or 1)
@@ -221,3 +254,41 @@ def _grouped_attention(Q: np.ndarray, K: np.ndarray, V: np.ndarray,
                                                     V[:, :, None], mask)
     # both are fresh arrays, so these are views: -> (B, h, L_q, d_v), (B, h, L_q, L_k)
     return out.reshape(B, h, L_q, out.shape[-1]), weights.reshape(B, h, L_q, L_k)
+
+
+def _grouped_attention_backward(
+    grad_Z: np.ndarray, Q: np.ndarray, K: np.ndarray, V: np.ndarray, A: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Backward of ``_grouped_attention``: grad_K and grad_V have h_kv heads, as K, V.
+
+    Query head i read K/V head i // n_rep: the forward used each K/V head n_rep
+    times, as if copied once per query head of its group. The backward of a copy is
+    a sum, so a K/V head's gradient sums what the query heads of its group send it.
+    Shapes: grad_Z, Q (B, h, L_q, d); K, V (B, h_kv, L_k, d); A (B, h, L_q, L_k).
+    """
+    h_kv, n_rep = _check_groups(Q, K, V)
+    B, h, L_q, _ = Q.shape
+    # (B, h, L_q, n) -> (B, h_kv, n_rep, L_q, n): head i is (i // n_rep, i % n_rep)
+    grad_Zg, Qg, Ag = (x.reshape(B, h_kv, n_rep, L_q, x.shape[-1])
+                       for x in (grad_Z, Q, A))
+    # (B, h_kv, L_k, n) -> (B, h_kv, n_rep, L_k, n): a view with stride 0, no copy
+    Kg, Vg = (np.broadcast_to(x[:, :, None], (B, h_kv, n_rep, *x.shape[2:]))
+              for x in (K, V))
+    grad_Q, grad_K, grad_V = scaled_dot_product_attention_backward(
+        grad_Zg, Qg, Kg, Vg, Ag)
+    # (B, h_kv, n_rep, L_q, d_k) -> (B, h, L_q, d_k); a copy's backward is a sum:
+    # (B, h_kv, n_rep, L_k, d) -> (B, h_kv, L_k, d)
+    return grad_Q.reshape(Q.shape), grad_K.sum(axis=2), grad_V.sum(axis=2)
+
+
+def _check_groups(Q: np.ndarray, K: np.ndarray, V: np.ndarray) -> tuple[int, int]:
+    """Check the grouped-query shapes (B, h, ., .), (B, h_kv, ., .); return (h_kv, n_rep = h // h_kv)."""
+    for name, t in (("Q", Q), ("K", K), ("V", V)):
+        check_rank(name, t, 4, "(B, heads, L, d) with enable_gqa")
+    h, h_kv = Q.shape[1], K.shape[1]
+    if K.shape[:2] != V.shape[:2] or K.shape[0] != Q.shape[0]:
+        raise ValueError(f"Q, K, V must share the batch size and K, V the head count: "
+                         f"got {Q.shape}, {K.shape}, {V.shape}")
+    if h % h_kv:
+        raise ValueError(f"Q has {h} heads, not divisible by the {h_kv} key/value heads of K and V")
+    return h_kv, h // h_kv

@@ -15,7 +15,9 @@ from mha_lab.grading import checks
 from mha_lab.testing import GRADCHECK_MAX_REL_ERROR
 
 # the package's own code for each task (the book prints it): what the class report's similarity compares answers with
-PACKAGE_ANSWERS = {"mha_backward": ["mha_lab.cpu.GroupedQueryAttention.backward", "mha_lab.cpu.softmax_backward"],
+PACKAGE_ANSWERS = {"mha_backward": ["mha_lab.cpu.GroupedQueryAttention.backward",
+                                    "mha_lab.cpu.scaled_dot_product_attention_backward",
+                                    "mha_lab.cpu.softmax_backward"],
                    "numerical_gradient": ["mha_lab.gradcheck.numerical_gradient"],
                    "gradient_check": ["mha_lab.gradcheck.check_layer_gradients"]}
 
