@@ -53,11 +53,13 @@ def test_the_book_config_names_a_mode_and_loads_the_extension():
 @pytest.fixture(scope="module")
 def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     src = tmp_path_factory.mktemp("book")
-    (src / "answer.py").write_text("def answer(x):\n    return 42 * x  # THE-ANSWER\n\n\ndef other():\n    pass\n")
+    (src / "answer.py").write_text("def answer(x):\n    return 42 * x  # THE-ANSWER\n\n\ndef other():\n    pass\n"
+                                "\n\ndef named():\n    return 0  # THE-NAMED\n")
     (src / "conf.py").write_text(f"import sys\nsys.path.insert(0, {str(REPO / 'book' / '_ext')!r})\n"
                                  "extensions = ['graded_listing']\n")
     (src / "index.rst").write_text("Page\n====\n\n.. graded-listing:: answer.py\n   :pyobject: answer\n"
-                                   "   :assignment: ps3\n")
+                                   "   :assignment: ps3\n\n.. graded-listing:: answer.py\n   :pyobject: named\n"
+                                   "   :assignment: ps4\n   :title: Class.named\n")
     return src
 
 
@@ -76,6 +78,8 @@ def test_each_mode_shows_folds_or_leaves_out_the_answer(project, tmp_path, mode,
     page = build(project, tmp_path / mode, mode)
     assert ("THE-ANSWER" in page) == code_shown
     assert ("Solution: answer (problem set 3)" in page) == marked
+    assert ("Solution: Class.named (problem set 4)" in page) == marked  # :title: names it, not :pyobject:
+    assert "Solution: named" not in page and ("THE-NAMED" in page) == code_shown
     if mode == "fold":
         assert re.search(r'class="[^"]*dropdown[^"]*"', page), "the solution block must start closed"
     assert "def other" not in page

@@ -37,15 +37,17 @@ def mode(config) -> str:
 
 
 class GradedListing(LiteralInclude):
-    """``literalinclude`` with ``:assignment:``, the problem set whose answer the listing is."""
+    """``literalinclude`` with ``:assignment:``, the problem set whose answer the listing is, and an optional
+    ``:title:``, the name a folded or hidden listing goes by (default: its ``:pyobject:``)."""
 
-    option_spec = {**LiteralInclude.option_spec, "assignment": directives.unchanged_required}
+    option_spec = {**LiteralInclude.option_spec, "assignment": directives.unchanged_required,
+                   "title": directives.unchanged_required}
 
     def run(self) -> list[nodes.Node]:
         assignment = self.options.pop("assignment", None)
         if not assignment:
             raise self.error("graded-listing needs :assignment: (e.g. ps3), the problem set it answers")
-        what = self.options.get("pyobject", self.arguments[0])
+        what = self.options.pop("title", None) or self.options.get("pyobject", self.arguments[0])
         how = self.config.graded_listings
         if how == "show":
             return super().run()
