@@ -10,7 +10,9 @@ gets the fastest instead, as the book's does, so that a burst of load cannot mov
 Peak memory is ``tracemalloc``'s for NumPy and ``torch.profiler``'s for PyTorch (``mha_lab.measure``
 does all the measuring).
 Achieved GFLOP/s use ``count_flops`` and are compared with a plain BLAS matrix product
-measured in the same run: the practical ceiling here. ``TARGETS`` lists the claims the report
+measured in the same run: the practical ceiling here. The ``parts`` section times the fused
+forward's parts on their own (``ForwardParts``), each with its share of the count, so that
+the GFLOP/s of a projection and of a softmax can be told apart. ``TARGETS`` lists the claims the report
 judges, each with its limit and the length it is judged at.
 """
 
@@ -24,8 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-from mha_lab.analysis import count_backward_flops, count_flops
-from mha_lab.cpu import MultiHeadAttention, chunked_forward, head_by_head_forward, per_head_attention
+from mha_lab.analysis import count_backward_flops, count_flops, flops_breakdown
+from mha_lab.cpu import MultiHeadAttention, chunked_forward, head_by_head_forward, per_head_attention, softmax
 from mha_lab.measure import (
     fit_exponent,
     gemm_flops_per_second,
@@ -37,9 +39,10 @@ from mha_lab.measure import (
 from mha_lab.tables import markdown_table
 from mha_lab.testing import tolerances
 
-__all__ = ["Target", "TARGETS", "run_suite", "BenchResults", "main"]
+__all__ = ["Target", "TARGETS", "FORWARD_PARTS", "forward_part_flops", "fixed_rate_seconds", "ForwardParts",
+           "run_suite", "BenchResults", "main"]
 
-SECTIONS = ("forward", "backward", "memory", "gemm", "tp")
+SECTIONS = ("forward", "parts", "backward", "memory", "gemm", "tp")
 MAX_SCORE_BYTES = 2 * 2**30  # skip implementations that would hold a (B, h, L, L) tensor larger than this
 TARGET_H = 8  # the head count at which the targets are judged
 
@@ -125,6 +128,70 @@ def _check_agreement(name: str, dtype: str, got, reference: np.ndarray) -> None:
 
 
 # --------------------------------------------------------------------------------------------
+# the parts of the fused forward
+
+FORWARD_PARTS: dict[str, tuple[str, ...]] = {
+    "projections": ("proj_q", "proj_kv", "proj_o"),
+    "scores": ("qk",),
+    "softmax": ("softmax",),
+    "weighted values": ("av",),
+}
+"""The parts of the fused forward, each with the ``flops_breakdown`` terms it computes."""
+
+
+def forward_part_flops(B: int, L: int, d_model: int, h: int) -> dict[str, int]:
+    """Each part's FLOPs in the convention of ``count_flops`` (they add up to it), keyed like ``FORWARD_PARTS``."""
+    terms = flops_breakdown(B, L, d_model, h)
+    return {part: sum(terms[t] for t in names) for part, names in FORWARD_PARTS.items()}
+
+
+def fixed_rate_seconds(gflops: dict[str, float], B: int, L: int, d_model: int, h: int) -> float:
+    r"""The forward's time at length ``L`` if each part ran at the given GFLOP/s: :math:`\sum_p F_p(L) / r_p`."""
+    return sum(f / (gflops[part] * 1e9) for part, f in forward_part_flops(B, L, d_model, h).items())
+
+
+def _scores(Q: np.ndarray, K: np.ndarray) -> np.ndarray:
+    """The raw scores, a fresh array as in the forward: (B, h, L, d_k) @ (B, h, d_k, L) -> (B, h, L, L)."""
+    return Q @ K.swapaxes(-1, -2)
+
+
+def _weights(S: np.ndarray, d_k: int) -> np.ndarray:
+    r"""The attention weights :math:`\mathrm{softmax}(S/\sqrt{d_k})`, in place in ``S`` as in the forward."""
+    S *= 1.0 / np.sqrt(d_k)
+    return softmax(S, out=S)
+
+
+class ForwardParts:
+    r"""The forward of an unmasked ``MultiHeadAttention``, run once as its parts in order.
+
+    projections :math:`Q, K, V = XW_{Q,K,V}` and :math:`\text{out} = ZW_O`; scores :math:`S = QK^\top`;
+    softmax :math:`A = \mathrm{softmax}(S/\sqrt{d_k})`; weighted values :math:`Z = AV`. ``flops`` gives each
+    part's share of ``count_flops``; ``calls`` each part on its own, for timing.
+    Shapes: X, out: (B, L, d_model); Q, K, V, Z: (B, h, L, d_k); A: (B, h, L, L).
+    """
+
+    def __init__(self, layer: MultiHeadAttention, X: np.ndarray) -> None:
+        self.layer, self.X = layer, layer.check_input(X)
+        self.flops = forward_part_flops(*self.X.shape, layer.num_heads)
+        self.Q, self.K, self.V = layer.project_qkv(self.X)
+        self.A = _weights(_scores(self.Q, self.K), layer.d_k)
+        self.Z = self.A @ self.V  # (B, h, L, L) @ (B, h, L, d_k) -> (B, h, L, d_k)
+        self.out = layer.project_out(self.Z)
+
+    def calls(self) -> dict[str, Callable[[], object]]:
+        """Each part as a no-argument call on the intermediates of the run, keyed like ``FORWARD_PARTS``.
+
+        The softmax works in place, as in the forward, on a copy of A: each call runs on the last
+        call's output, the same work per element.
+        """
+        layer, scratch = self.layer, self.A.copy()
+        return {"projections": lambda: (layer.project_qkv(self.X), layer.project_out(self.Z)),
+                "scores": lambda: _scores(self.Q, self.K),
+                "softmax": lambda: _weights(scratch, layer.d_k),
+                "weighted values": lambda: self.A @ self.V}
+
+
+# --------------------------------------------------------------------------------------------
 # the suite
 
 
@@ -157,6 +224,15 @@ class BenchResults:
                                  "impl": impl, "dtype": dtype, "h": h, "L_range": [min(Ls), max(Ls)],
                                  "exponent": fit_exponent(Ls, ys)})
         return fits
+
+    def part_shares(self, L: int, h: int = TARGET_H) -> dict[str, dict[str, float]]:
+        """The ``parts`` rows at (L, h), by part: its share of the FLOPs, its share of the parts' time, its GFLOP/s."""
+        rows = self.select(section="parts", L=L, h=h)
+        if not rows:
+            raise ValueError(f"no parts measured at L={L}, h={h} in these results")
+        flops, seconds = sum(r["flops"] for r in rows), sum(r["seconds"] for r in rows)
+        return {r["impl"]: {"flops_share": r["flops"] / flops, "time_share": r["seconds"] / seconds,
+                            "gflops": r["gflops"]} for r in rows}
 
     def ratios(self) -> list[dict]:
         """Each of ``TARGETS`` with its measured value, limit and pass/fail.
@@ -239,11 +315,11 @@ class BenchResults:
 def _grid(quick: bool) -> dict:
     if quick:
         return {"B": 2, "d_model": 512, "lengths": (256, 1024), "heads": (TARGET_H,),
-                "memory_lengths": (256, 1024), "backward_lengths": (512,), "repeat": 3, "gemm_n": 1024,
-                "tp_length": 256, "tp_ranks": (1, 2)}
+                "memory_lengths": (256, 1024), "backward_lengths": (512,), "parts_lengths": (256, 1024),
+                "repeat": 3, "gemm_n": 1024, "tp_length": 256, "tp_ranks": (1, 2)}
     return {"B": 2, "d_model": 512, "lengths": (256, 1024, 4096), "heads": (1, TARGET_H, 16),
-            "memory_lengths": (256, 1024, 4096), "backward_lengths": (256, 1024), "repeat": 5, "gemm_n": 2048,
-            "tp_length": 256, "tp_ranks": (1, 2, 4)}
+            "memory_lengths": (256, 1024, 4096), "backward_lengths": (256, 1024), "parts_lengths": (256, 1024),
+            "repeat": 5, "gemm_n": 2048, "tp_length": 256, "tp_ranks": (1, 2, 4)}
 
 
 def _row(section: str, impl: str, dtype: str, B: int | None, L: int, d_model: int, h: int | None, seconds=None,
@@ -362,7 +438,8 @@ def run_suite(quick: bool = False, sections: tuple[str, ...] = SECTIONS, progres
     ``MAX_SCORE_BYTES`` are left out of that shape (L=4096, h=16: 4 GiB).
     ``grid`` overrides entries of the grid (the tests use a tiny one). The ``tp`` section starts
     ``max(tp_ranks)`` processes and times a training step of the tensor-parallel layer on each
-    rank count (``mha_lab.parallel.scaling``); an empty ``tp_ranks`` leaves it out.
+    rank count (``mha_lab.parallel.scaling``); an empty ``tp_ranks`` leaves it out. The ``parts``
+    section times ``ForwardParts`` at ``parts_lengths``, h = 8: one row per part, with its FLOPs.
 
     ``threads`` pins both NumPy's BLAS and torch. The default, one thread, compares the
     algorithms like for like (NumPy's element-wise ufuncs such as ``exp`` run on one thread
@@ -378,7 +455,7 @@ def run_suite(quick: bool = False, sections: tuple[str, ...] = SECTIONS, progres
     B, d, R = g["B"], g["d_model"], g["repeat"]
     results = BenchResults(machine=machine_info(threads), config={"quick": quick, "sections": list(sections), **g})
     gemm: dict[str, float] = {}
-    if "gemm" in sections or "forward" in sections:  # the ceiling that GFLOP/s are compared with
+    if {"gemm", "forward", "parts"} & set(sections):  # the ceiling that GFLOP/s are compared with
         gemm = _gemm_gflops(g["gemm_n"], R)
     if "gemm" in sections:
         n = g["gemm_n"]
@@ -387,6 +464,7 @@ def run_suite(quick: bool = False, sections: tuple[str, ...] = SECTIONS, progres
     # one task per shape and section; forward and memory of the same shape share its set-up and checks
     tasks = [(L, h, "forward") for L in g["lengths"] for h in g["heads"] if "forward" in sections]
     tasks += [(L, TARGET_H, "memory") for L in g["memory_lengths"] if "memory" in sections]
+    tasks += [(L, TARGET_H, "parts") for L in g["parts_lengths"] if "parts" in sections]
     tasks += [(L, TARGET_H, "backward") for L in g["backward_lengths"] if "backward" in sections]
     tasks.sort(key=lambda t: (t[0], t[1], t[2] == "backward"))
     shape, forwards = None, None
@@ -402,12 +480,19 @@ def run_suite(quick: bool = False, sections: tuple[str, ...] = SECTIONS, progres
                 results.rows.append(_row("memory", impl, dtype, B, L, d, h, peak_bytes=peak,
                                          memory_method="torch.profiler" if torch_impl else "tracemalloc"))
             continue
+        repeat = 1 if L >= 4096 else R  # at L=4096 a call takes seconds: one timed run keeps the suite ~10 min
+        statistic = g.get("statistic", "median")
+        if section == "parts":
+            parts = ForwardParts(shape.layer, shape.X)
+            times = interleaved_times(parts.calls(), repeat=repeat, statistic=statistic)
+            results.rows += [_row(section, part, "float64", B, L, d, h, seconds=t, gemm=gemm, flops=parts.flops[part])
+                             for part, t in times.items()]
+            continue
         if section == "forward":
             forwards = forwards or shape.forwards()
         calls = shape.backwards() if section == "backward" else forwards
-        repeat = 1 if L >= 4096 else R  # at L=4096 a call takes seconds: one timed run keeps the suite ~10 min
         # the agreement check was the warm-up
-        times = interleaved_times(calls, repeat=repeat, warmup=0, statistic=g.get("statistic", "median"))
+        times = interleaved_times(calls, repeat=repeat, warmup=0, statistic=statistic)
         results.rows += [_row(section, impl, dtype, B, L, d, h, seconds=t, gemm=gemm) for (impl, dtype), t in
                          times.items()]
     if "tp" in sections and g["tp_ranks"] and _torch() is not None:

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 
 __all__ = ["interleaved_times", "median_time", "traced_memory", "torch_peak_memory",
-           "fit_exponent", "gemm_flops_per_second", "read_bytes_per_second", "last_level_cache_bytes",
+           "fit_exponent", "gemm_flops_per_second", "read_bytes_per_second", "cache_sizes", "last_level_cache_bytes",
            "torch_ops_called", "blas_threads", "machine_info"]
 
 
@@ -122,17 +122,29 @@ def gemm_flops_per_second(n: int = 1024, dtype: str = "float32", repeat: int = 5
     return 2 * n**3 / median_time(lambda: a @ b, repeat=repeat)
 
 
-def last_level_cache_bytes() -> int | None:
-    """Size in bytes of the largest CPU cache that Linux reports for CPU 0; None where it reports none."""
+def cache_sizes(cpu_dir: str = "/sys/devices/system/cpu/cpu0") -> dict[int, int]:
+    """Bytes of each level of data cache that Linux reports for a CPU (CPU 0), by level: {} where it reports none.
+
+    The instruction cache of level 1 is left out: attention's arrays never go there.
+    """
+    units = {"K": 2**10, "M": 2**20, "G": 2**30}
     sizes = {}
-    for index in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*"):
+    for index in sorted(glob.glob(os.path.join(cpu_dir, "cache", "index*"))):
         try:
             with open(os.path.join(index, "level")) as f, open(os.path.join(index, "size")) as g:
                 level, size = int(f.read()), g.read().strip()
+            with open(os.path.join(index, "type")) as t:
+                kind = t.read().strip()
         except (OSError, ValueError):
             continue
-        units = {"K": 2**10, "M": 2**20, "G": 2**30}
-        sizes[level] = int(size[:-1]) * units[size[-1]] if size[-1] in units else int(size)
+        if kind != "Instruction":
+            sizes[level] = int(size[:-1]) * units[size[-1]] if size[-1] in units else int(size)
+    return sizes
+
+
+def last_level_cache_bytes() -> int | None:
+    """Size in bytes of the largest CPU cache that Linux reports for CPU 0; None where it reports none."""
+    sizes = cache_sizes()
     return sizes[max(sizes)] if sizes else None
 
 

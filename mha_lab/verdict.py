@@ -9,7 +9,8 @@ how large a difference has to be before the book calls it one.
 
 from __future__ import annotations
 
-__all__ = ["TIMING_MARGIN", "relation", "speed", "closeness", "slope"]
+__all__ = ["TIMING_MARGIN", "relation", "speed", "closeness", "slope", "slope_steps", "rate_changes", "cache_fit",
+           "two_digits"]
 
 TIMING_MARGIN = 0.25
 """The margin for a ratio of two timings: each may be off by 10% on a busy machine, so their ratio by up
@@ -34,9 +35,9 @@ def relation(value: float, reference: float, margin: float) -> int:
     return 0
 
 
-def _factor(ratio: float) -> str:
-    """A ratio to two significant digits without an exponent: 1.3, 12, 120."""
-    return f"{float(f'{ratio:.2g}'):g}"
+def two_digits(x: float) -> str:
+    """A ratio or a rate to two significant digits without an exponent, as the verdicts print them: 1.3, 12, 120."""
+    return f"{float(f'{x:.2g}'):g}"
 
 
 def speed(name: str, seconds: float, ref_name: str, ref_seconds: float,
@@ -45,9 +46,9 @@ def speed(name: str, seconds: float, ref_name: str, ref_seconds: float,
     faster than ...", or "<name> and <ref_name> take the same time within 25%"."""
     sign = relation(seconds, ref_seconds, margin)
     if sign > 0:
-        return f"{name} is {_factor(seconds / ref_seconds)}x slower than {ref_name}"
+        return f"{name} is {two_digits(seconds / ref_seconds)}x slower than {ref_name}"
     if sign < 0:
-        return f"{name} is {_factor(ref_seconds / seconds)}x faster than {ref_name}"
+        return f"{name} is {two_digits(ref_seconds / seconds)}x faster than {ref_name}"
     return f"{name} and {ref_name} take the same time within {margin:.0%}"
 
 
@@ -70,3 +71,69 @@ def slope(measured: float, model: float, margin: float = 0.1) -> str:
     if measured < model - margin:
         return "shallower than"
     return f"as steep as (within {margin:g} of)"
+
+
+def slope_steps(counted: float, at_fixed_rates: float, measured: float, margin: float = 0.1) -> str:
+    """Why a measured log-log slope is not a FLOP count's, in two steps judged by ``slope`` (absolute
+    ``margin``): from the count's slope to ``at_fixed_rates``, the slope of the time the count's FLOPs would
+    take if each part of the work kept its rate from the shortest length (the parts' different rates),
+    then from there to the measured slope (the rates changing with length)."""
+    first, second = slope(at_fixed_rates, counted, margin), slope(measured, at_fixed_rates, margin)
+    grow = "the parts that grow fastest are the {} ones"
+    rate = "the work does {} FLOPs per second at the longest length than at the shortest"
+    why_first = {"steeper than": grow.format("slow"), "shallower than": grow.format("fast")}.get(
+        first, "the parts' rates differ too little to matter")
+    why_second = {"steeper than": rate.format("fewer"), "shallower than": rate.format("more")}.get(
+        second, "the rates hardly change with length")
+    return (f"If every part kept its rate from the shortest length, the time would grow with slope "
+            f"{at_fixed_rates:.2f}, {first} the count's {counted:.2f}: {why_first}; the measured {measured:.2f} is "
+            f"{second} that, so {why_second}.")
+
+
+def _names(names: list[str]) -> str:
+    """"a", "a and b", "a, b and c"."""
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
+def rate_changes(before: dict[str, float], after: dict[str, float], unit: str, margin: float = TIMING_MARGIN) -> str:
+    """How each named rate moved from ``before`` to ``after``, a change inside the relative ``margin`` being none:
+    "the rate of a falls from 24 to 6.7 GFLOP/s and of b from 32 to 12 GFLOP/s; the rate of c stays within 25%"."""
+    groups: dict[int, list[str]] = {-1: [], 1: [], 0: []}
+    for name, rate in before.items():
+        groups[relation(after[name], rate, margin)].append(name)
+    clauses = []
+    for sign, verb in ((-1, "falls"), (1, "rises")):
+        moves = [f"of {n} from {two_digits(before[n])} to {two_digits(after[n])} {unit}" for n in groups[sign]]
+        if moves:
+            clauses.append(_names([f"the rate {moves[0].replace(' from ', f' {verb} from ', 1)}", *moves[1:]]))
+    same = groups[0]
+    if same:
+        clauses.append(f"the rate of {same[0]} stays within {margin:.0%}" if len(same) == 1
+                       else f"the rates of {_names(same)} stay within {margin:.0%}")
+    return "; ".join(clauses)
+
+
+def _size(n_bytes: int) -> str:
+    return f"{n_bytes / 2**20:.3g} MiB" if n_bytes >= 2**20 else f"{n_bytes / 2**10:.3g} KiB"
+
+
+def cache_fit(smaller: int, larger: int, caches: dict[int, int]) -> str:
+    """Which of a processor's caches ({level: bytes}, ``measure.cache_sizes``) holds an array of ``smaller`` bytes and
+    which one of ``larger``: "on this processor the smaller fits its level-2 cache (2 MiB), the larger only its
+    level-3 cache (480 MiB, the last level, shared with whatever else runs on the machine)"."""
+    if not caches:
+        return "this processor does not report its cache sizes, so where such arrays lie is not known here"
+    largest = f"the largest holds {_size(max(caches.values()))}"
+
+    def cache(level: int | None) -> str:
+        if level is None:
+            return f"none of its caches ({largest})"
+        last = ", the last level, shared with whatever else runs on the machine" if level == max(caches) else ""
+        return f"its level-{level} cache ({_size(caches[level])}{last})"
+
+    small, large = (min((lv for lv, size in caches.items() if size >= n), default=None) for n in (smaller, larger))
+    if small == large:
+        return (f"on this processor neither fits any of its caches ({largest})" if large is None
+                else f"on this processor both fit {cache(large)}")
+    only = "" if large is None else "only "
+    return f"on this processor the smaller fits {cache(small)}, the larger {only}{cache(large)}"

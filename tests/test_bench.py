@@ -10,14 +10,16 @@ from matplotlib.figure import Figure
 
 from mha_lab import bench
 from mha_lab.__main__ import main as cli_main
-from mha_lab.analysis import count_backward_flops
-from mha_lab.bench import BenchResults, run_suite
+from mha_lab.analysis import count_backward_flops, count_flops
+from mha_lab.bench import BenchResults, ForwardParts, fixed_rate_seconds, forward_part_flops, run_suite
+from mha_lab.cpu import MultiHeadAttention
 from mha_lab.plots.bench import implementations_bar, memory_vs_length, time_vs_length
+from mha_lab.testing import tolerances
 
 torch = pytest.importorskip("torch")
 
 TINY = {"B": 1, "d_model": 32, "lengths": (16, 48), "heads": (2, bench.TARGET_H), "memory_lengths": (16, 48),
-        "backward_lengths": (16, 48), "repeat": 2, "gemm_n": 64,
+        "backward_lengths": (16, 48), "parts_lengths": (16, 48), "repeat": 2, "gemm_n": 64,
         "tp_ranks": ()}  # the tensor-parallel row starts processes: tests/test_tp_distributed.py covers it
 FORWARD_IMPLS = {("numpy fused", "float64"), ("numpy fused", "float32"), ("per-head loop", "float64"),
                  ("head by head", "float64"), ("chunked", "float64"), ("torch eager", "float64"),
@@ -30,7 +32,7 @@ def results() -> BenchResults:
 
 
 def test_every_section_and_implementation_is_measured(results):
-    assert {r["section"] for r in results.rows} == {"forward", "backward", "memory", "gemm"}
+    assert {r["section"] for r in results.rows} == {"forward", "parts", "backward", "memory", "gemm"}
     for L in TINY["lengths"]:
         for h in TINY["heads"]:
             got = {(r["impl"], r["dtype"]) for r in results.select(section="forward", L=L, h=h)}
@@ -43,6 +45,11 @@ def test_every_section_and_implementation_is_measured(results):
     backward = {r["impl"] for r in results.select(section="backward")}
     assert backward == {"numpy backward", "torch autograd eager", "torch autograd SDPA"}
     assert {r["dtype"] for r in results.select(section="gemm")} == {"float64", "float32"}
+    for L in TINY["parts_lengths"]:
+        rows = results.select(section="parts", L=L)
+        assert [r["impl"] for r in rows] == list(bench.FORWARD_PARTS)
+        assert all(r["seconds"] > 0 and r["h"] == bench.TARGET_H for r in rows)
+        assert sum(r["flops"] for r in rows) == count_flops(TINY["B"], L, TINY["d_model"], bench.TARGET_H)
 
 
 def test_rows_carry_shape_flops_and_gemm_fraction(results):
@@ -91,6 +98,55 @@ def test_ratio_logic_on_known_rows():
     assert [x["measured"] for x in r.ratios()] == pytest.approx([2.5, 1.0, 20.0, 1.6, 2.0])
     assert [x["passed"] for x in r.ratios()] == [False, True, True, False, True]
     assert [(x["target"], x["limit"]) for x in r.ratios()] == [(t.name, t.limit) for t in bench.TARGETS]
+
+
+@pytest.mark.parametrize("B, L, d_model, h", [(1, 1, 8, 1), (3, 7, 24, 3), (2, 97, 64, 8)])
+def test_forward_parts_compute_the_forward_and_its_count(B, L, d_model, h):
+    layer = MultiHeadAttention(d_model, h, use_bias=True, seed=3)
+    X = np.random.default_rng(4).standard_normal((B, L, d_model))
+    parts = ForwardParts(layer, X)
+    out = layer.forward(X)
+    np.testing.assert_array_equal(parts.out, out)  # the same operations in the same order: bit for bit
+    np.testing.assert_array_equal(parts.A, layer.attention_weights)
+    assert parts.flops == forward_part_flops(B, L, d_model, h)
+    assert sum(parts.flops.values()) == count_flops(B, L, d_model, h)
+    assert parts.flops["projections"] == 8 * B * L * d_model**2 and parts.flops["softmax"] == 5 * B * h * L * L
+    calls = parts.calls()
+    assert list(calls) == list(bench.FORWARD_PARTS)
+    (Q, K, V), projected = calls["projections"]()
+    np.testing.assert_array_equal(projected, out)
+    np.testing.assert_array_equal(calls["weighted values"](), parts.Z)
+    d_k = d_model // h
+    np.testing.assert_allclose(row_softmax(calls["scores"]() / np.sqrt(d_k)), parts.A, **tolerances("float64"))
+    # the softmax runs in place on a copy of A, so its first call is the softmax of A / sqrt(d_k)
+    np.testing.assert_allclose(calls["softmax"](), row_softmax(parts.A / np.sqrt(d_k)), **tolerances("float64"))
+
+
+def row_softmax(x: np.ndarray) -> np.ndarray:
+    """A softmax written out apart from the package's, to check it against."""
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def test_part_shares_of_chosen_rows():
+    def row(part, flops, seconds):
+        return bench._row("parts", part, "float64", 1, 128, 64, bench.TARGET_H, seconds=seconds, flops=flops)
+
+    r = BenchResults(rows=[row("projections", 6e6, 1e-4), row("softmax", 2e6, 3e-4),
+                           bench._row("forward", "numpy fused", "float64", 1, 128, 64, bench.TARGET_H, seconds=1.0)])
+    shares = r.part_shares(128)
+    assert shares["projections"] == pytest.approx({"flops_share": 0.75, "time_share": 0.25, "gflops": 60})
+    assert shares["softmax"] == pytest.approx({"flops_share": 0.25, "time_share": 0.75, "gflops": 2e6 / 3e-4 / 1e9})
+    with pytest.raises(ValueError, match="no parts measured at L=256"):
+        r.part_shares(256)
+
+
+def test_fixed_rate_seconds_divides_each_part_by_its_rate():
+    equal = dict.fromkeys(bench.FORWARD_PARTS, 2.0)  # one rate for all: the count over that rate
+    assert fixed_rate_seconds(equal, 2, 96, 64, 8) == pytest.approx(count_flops(2, 96, 64, 8) / 2e9)
+    slow_softmax = {**equal, "softmax": 0.5}  # four times slower: three times its share added
+    extra = 3 * forward_part_flops(2, 96, 64, 8)["softmax"] / 2e9
+    assert fixed_rate_seconds(slow_softmax, 2, 96, 64, 8) == pytest.approx(count_flops(2, 96, 64, 8) / 2e9 + extra)
 
 
 def test_wrong_implementation_is_caught():

@@ -76,6 +76,19 @@ def test_blas_threads_are_set_and_read_back():
         blas_threads(before)
 
 
+def test_cache_sizes_read_each_data_cache_level(tmp_path):
+    from mha_lab.measure import cache_sizes
+
+    reported = [("1", "Data", "48K"), ("1", "Instruction", "64K"), ("2", "Unified", "2048K"), ("3", "Unified", "480M")]
+    for i, (level, kind, size) in enumerate(reported):
+        index = tmp_path / "cache" / f"index{i}"
+        index.mkdir(parents=True)
+        for name, text in (("level", level), ("type", kind), ("size", size)):
+            (index / name).write_text(text + "\n")
+    assert cache_sizes(str(tmp_path)) == {1: 48 * 2**10, 2: 2 * 2**20, 3: 480 * 2**20}
+    assert cache_sizes(str(tmp_path / "none")) == {}
+
+
 def test_last_level_cache_is_the_largest_reported_cache():
     from mha_lab.measure import last_level_cache_bytes
 

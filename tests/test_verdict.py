@@ -7,7 +7,16 @@ import re
 import numpy as np
 import pytest
 
-from mha_lab.verdict import TIMING_MARGIN, closeness, relation, slope, speed
+from mha_lab.verdict import (
+    TIMING_MARGIN,
+    cache_fit,
+    closeness,
+    rate_changes,
+    relation,
+    slope,
+    slope_steps,
+    speed,
+)
 
 NOISE = 0.10
 rng = np.random.default_rng(0)
@@ -102,6 +111,69 @@ def test_slope_on_chosen_values(measured, model, margin, words):
     assert slope(measured, model, margin) == words
 
 
+# (counted slope, slope at fixed rates, measured slope, margin) -> words
+IF_FIXED = "If every part kept its rate from the shortest length, the time would grow with slope"
+SLOW, SAME = "the parts that grow fastest are the slow ones", "so the rates hardly change with length."
+SLOPE_STEPS = [
+    (1.75, 1.94, 2.18, 0.15, f"{IF_FIXED} 1.94, steeper than the count's 1.75: {SLOW}; the measured 2.18 is steeper "
+     "than that, so the work does fewer FLOPs per second at the longest length than at the shortest."),
+    (1.75, 1.94, 2.0, 0.15, f"{IF_FIXED} 1.94, steeper than the count's 1.75: {SLOW}; the measured 2.00 is as steep "
+     f"as (within 0.15 of) that, {SAME}"),
+    (1.75, 1.85, 1.6, 0.15, f"{IF_FIXED} 1.85, as steep as (within 0.15 of) the count's 1.75: the parts' rates differ "
+     "too little to matter; the measured 1.60 is shallower than that, so the work does more FLOPs per second at the "
+     "longest length than at the shortest."),
+    (1.75, 1.5, 1.5, 0.1, f"{IF_FIXED} 1.50, shallower than the count's 1.75: the parts that grow fastest are the "
+     f"fast ones; the measured 1.50 is as steep as (within 0.1 of) that, {SAME}"),
+]
+
+
+@pytest.mark.parametrize("counted, fixed, measured, margin, words", SLOPE_STEPS)
+def test_slope_steps_on_chosen_slopes(counted, fixed, measured, margin, words):
+    assert slope_steps(counted, fixed, measured, margin) == words
+
+
+# (rates before, rates after) -> words, at the timing margin of 25%
+RATE_CHANGES = [
+    ({"a": 24.0, "b": 1.3, "c": 32.0}, {"a": 6.7, "b": 1.03, "c": 11.5},
+     "the rate of a falls from 24 to 6.7 GFLOP/s and of c from 32 to 12 GFLOP/s; the rate of b stays within 25%"),
+    ({"a": 1.0, "b": 2.0}, {"a": 1.26, "b": 1.5}, "the rate of a rises from 1 to 1.3 GFLOP/s; the rate of b stays "
+     "within 25%"),
+    ({"a": 1.0, "b": 2.0, "c": 3.0}, {"a": 0.5, "b": 2.4, "c": 2.5},
+     "the rate of a falls from 1 to 0.5 GFLOP/s; the rates of b and c stay within 25%"),
+    ({"a": 10.0, "b": 10.0, "c": 10.0}, {"a": 1.0, "b": 2.0, "c": 30.0},
+     "the rate of a falls from 10 to 1 GFLOP/s and of b from 10 to 2 GFLOP/s; the rate of c rises from 10 to "
+     "30 GFLOP/s"),
+]
+
+
+@pytest.mark.parametrize("before, after, words", RATE_CHANGES)
+def test_rate_changes_on_chosen_rates(before, after, words):
+    assert rate_changes(before, after, "GFLOP/s") == words
+
+
+MiB = 2**20
+CACHES = {1: 48 * 2**10, 2: 2 * MiB, 3: 480 * MiB}
+L2_THEN_L3 = ("on this processor the smaller fits its level-2 cache (2 MiB), the larger only its level-3 cache "
+              "(480 MiB, the last level, shared with whatever else runs on the machine)")
+# (smaller bytes, larger bytes, caches) -> words; an array of exactly a cache's size fits it
+CACHE_FITS = [
+    (MiB, 64 * MiB, CACHES, L2_THEN_L3),
+    (2 * MiB, 2 * MiB + 1, CACHES, L2_THEN_L3),
+    (32 * 2**10, MiB, CACHES, "on this processor the smaller fits its level-1 cache (48 KiB), the larger only its "
+     "level-2 cache (2 MiB)"),
+    (MiB, 2 * MiB, CACHES, "on this processor both fit its level-2 cache (2 MiB)"),
+    (MiB, 600 * MiB, CACHES, "on this processor the smaller fits its level-2 cache (2 MiB), the larger none of its "
+     "caches (the largest holds 480 MiB)"),
+    (500 * MiB, 600 * MiB, CACHES, "on this processor neither fits any of its caches (the largest holds 480 MiB)"),
+    (MiB, 64 * MiB, {}, "this processor does not report its cache sizes, so where such arrays lie is not known here"),
+]
+
+
+@pytest.mark.parametrize("smaller, larger, caches, words", CACHE_FITS)
+def test_cache_fit_on_chosen_sizes(smaller, larger, caches, words):
+    assert cache_fit(smaller, larger, caches) == words
+
+
 # true ratio of two times: clearly different, close to one, and on the margin's edge
 TRUE_RATIOS = [0.3, 0.7, 0.8, 0.95, 1.0, 1.05, 1.2, 1.3, 2.0, 5.0]
 
@@ -151,3 +223,5 @@ def test_bad_margins_and_values_are_refused():
         relation(1.0, 0.0, 0.1)
     with pytest.raises(ValueError, match="margin"):
         slope(2.0, 2.0, -1)
+    with pytest.raises(ValueError, match="margin"):
+        slope_steps(1.75, 2.0, 2.0, -1)
