@@ -9,12 +9,15 @@ how large a difference has to be before the book calls it one.
 
 from __future__ import annotations
 
-__all__ = ["TIMING_MARGIN", "relation", "speed", "closeness", "slope", "slope_steps", "rate_changes", "cache_fit",
-           "two_digits"]
+__all__ = ["TIMING_NOISE", "TIMING_MARGIN", "relation", "speed", "closeness", "slope", "slope_steps", "rate_changes",
+           "cache_fit", "two_digits"]
+
+TIMING_NOISE = 0.10
+"""How far one timing may be off, either way, on a busy machine (a relative error)."""
 
 TIMING_MARGIN = 0.25
-"""The margin for a ratio of two timings: each may be off by 10% on a busy machine, so their ratio by up
-to 1.1 / 0.9 - 1 = 22%. A verdict outside this margin cannot be the opposite of the truth."""
+"""The margin for a ratio of two timings: with each off by up to ``TIMING_NOISE``, their ratio is off by
+up to (1 + 0.1) / (1 - 0.1) - 1 = 22%. A verdict outside this margin cannot be the opposite of the truth."""
 
 
 def relation(value: float, reference: float, margin: float) -> int:

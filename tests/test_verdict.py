@@ -9,6 +9,7 @@ import pytest
 
 from mha_lab.verdict import (
     TIMING_MARGIN,
+    TIMING_NOISE,
     cache_fit,
     closeness,
     rate_changes,
@@ -18,7 +19,7 @@ from mha_lab.verdict import (
     speed,
 )
 
-NOISE = 0.10
+NOISE = TIMING_NOISE
 rng = np.random.default_rng(0)
 
 
@@ -35,6 +36,12 @@ def said(words: str) -> int:
         return -1
     assert re.search(r"within|same", words), words
     return 0
+
+
+def test_the_timing_margin_covers_the_noise_of_a_ratio_of_two_timings():
+    worst_ratio = (1 + TIMING_NOISE) / (1 - TIMING_NOISE)  # one timing high, the other low
+    assert worst_ratio - 1 <= TIMING_MARGIN
+    assert 1 / worst_ratio - 1 >= -TIMING_MARGIN
 
 
 # (value, reference, margin) -> relation: the edges are inclusive, and the margin is relative,

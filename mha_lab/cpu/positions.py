@@ -196,7 +196,7 @@ class RotaryAttention(GroupedQueryAttention):
 
 
 def alibi_slopes(num_heads: int) -> np.ndarray:
-    r"""ALiBi's per-head slopes :math:`\alpha_h` (m in the paper): the geometric sequence :math:`2^{-8k/h}`, k = 1..h.
+    r"""ALiBi's per-head slopes :math:`\alpha_i = 2^{-8(i+1)/h}` for heads i = 0..h-1 (m in the paper).
 
     For h not a power of two (Press et al., appendix): the slopes of the nearest smaller power
     of two n, then every other slope of 2n, up to h in all. Shape (h,).
