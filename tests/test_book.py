@@ -45,7 +45,8 @@ CHAPTERS = [stem for stem in PAGES if stem not in ("intro", "notation", "11_grad
 BIB_KEYS = {
     "vaswani2017attention", "shazeer2019fast", "ainslie2023gqa", "dao2022flashattention",
     "dao2023flashattention2", "rabe2021self", "shoeybi2019megatron", "milakov2018online",
-    "su2021roformer", "press2022alibi", "deepseek2024v2", "nvidia2022h100",
+    "su2021roformer", "press2022alibi", "deepseek2024v2", "nvidia2022h100", "nvidia2024cuda",
+    "jiang2023mistral",
 }
 
 
