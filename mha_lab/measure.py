@@ -22,6 +22,7 @@ import numpy as np
 
 __all__ = ["interleaved_times", "median_time", "traced_memory", "torch_peak_memory",
            "fit_exponent", "gemm_flops_per_second", "read_bytes_per_second", "cache_sizes", "last_level_cache_bytes",
+           "READ_BYTES_MIN", "READ_BYTES_MAX", "read_matrix_bytes", "usable_cores",
            "torch_ops_called", "blas_threads", "machine_info"]
 
 
@@ -148,23 +149,40 @@ def last_level_cache_bytes() -> int | None:
     return sizes[max(sizes)] if sizes else None
 
 
+READ_BYTES_MIN, READ_BYTES_MAX = 2**28, 2**30
+"""The bounds on the size of the matrix ``read_bytes_per_second`` reads by default (256 MiB, 1 GiB)."""
+
+
+def read_matrix_bytes() -> int:
+    """The default size of the matrix ``read_bytes_per_second`` reads: twice the last-level cache, so that
+    its bytes come from main memory, kept within ``READ_BYTES_MIN`` and ``READ_BYTES_MAX``."""
+    return min(READ_BYTES_MAX, max(READ_BYTES_MIN, 2 * (last_level_cache_bytes() or 0)))
+
+
 def read_bytes_per_second(n_bytes: int | None = None, repeat: int = 5) -> float:
     """Bytes per second at which a BLAS matrix-vector product reads a float32 matrix of ``n_bytes``:
     the memory ceiling here, for the same kind of operation as a decoding step.
 
-    By default the matrix is twice the last-level cache (at least 256 MiB, at most 1 GiB), so that
-    its bytes come from main memory. The time is
+    By default the matrix has ``read_matrix_bytes()``. The time is
     the fastest of ``repeat`` runs: other work on the machine only ever slows a read down. A
     matrix-vector product streams memory faster than ``np.sum`` does on one thread, so a sum would
     understate the ceiling.
     """
     if n_bytes is None:
-        n_bytes = min(2**30, max(2**28, 2 * (last_level_cache_bytes() or 0)))
+        n_bytes = read_matrix_bytes()
     cols = 1024
     m = np.ones((max(1, n_bytes // (4 * cols)), cols), dtype=np.float32)  # (rows, cols), n_bytes in all
     v = np.ones(cols, dtype=np.float32)
     seconds = interleaved_times({"matvec": lambda: m @ v}, repeat=repeat, statistic="min")["matvec"]
     return m.nbytes / seconds
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on: its affinity mask, which a container's cpuset narrows, where
+    ``os.cpu_count()`` counts the whole host; ``os.cpu_count()`` where there is no affinity mask."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def fit_exponent(xs: Sequence[float], ys: Sequence[float]) -> float:

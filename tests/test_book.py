@@ -46,7 +46,7 @@ BIB_KEYS = {
     "vaswani2017attention", "shazeer2019fast", "ainslie2023gqa", "dao2022flashattention",
     "dao2023flashattention2", "rabe2021self", "shoeybi2019megatron", "milakov2018online",
     "su2021roformer", "press2022alibi", "haviv2022transformer", "kazemnejad2023impact",
-    "deepseek2024v2", "nvidia2022h100",
+    "deepseek2024v2", "nvidia2022h100", "nvidia2024cuda", "jiang2023mistral",
 }
 
 

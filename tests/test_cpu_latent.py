@@ -31,14 +31,14 @@ def test_latent_decoding_equals_the_uncompressed_causal_forward(prompt):
 
 
 def test_forward_is_mha_on_the_up_projected_keys_and_values():
-    """Uncompressed MLA is attention over [q_C, q_R] . [k_C, k_R] / sqrt(d_h + d_R), head by head."""
+    """Uncompressed MLA is attention over [q_C, q_R] . [k_C, k_R] / sqrt(d_k + d_R), head by head."""
     layer, X = small(1), rng.standard_normal((1, 5, 24))
     q_c, q_r = layer.queries(X)
     c, k_r = layer.compress(X)
     out = np.zeros((1, 5, 24))
     for i in range(3):
         cols = slice(6 * i, 6 * i + 6)
-        k_c = c @ layer.W_UK[:, cols]  # (1, L, d_h)
+        k_c = c @ layer.W_UK[:, cols]  # (1, L, d_k)
         s = (q_c[:, i] @ k_c.transpose(0, 2, 1) + q_r[:, i] @ k_r.transpose(0, 2, 1)) / np.sqrt(6 + 4)
         a = np.exp(s - s.max(-1, keepdims=True))
         a /= a.sum(-1, keepdims=True)
@@ -53,7 +53,7 @@ def test_absorbing_w_uk_past_rope_holds_only_per_pair_of_positions():
     layer = small(2)
     W_UK, _ = layer.absorbed()
     q, c = rng.standard_normal(6), rng.standard_normal(10)
-    head = layer.W_UK[:, :6]  # (d_c, d_h): head 0
+    head = layer.W_UK[:, :6]  # (d_c, d_k): head 0
     R = lambda p: rotation_matrix(p, 6)  # noqa: E731
     true = (R(7) @ q) @ (R(3) @ (c @ head))
     assert abs(true - (q @ R(0).T @ R(0) @ W_UK[0]) @ c) > 1e-3

@@ -103,3 +103,24 @@ def test_torch_ops_called_names_the_operators_that_ran():
     ops = torch_ops_called(lambda: torch.ones(2, 3) @ torch.ones(3, 2))
     assert "aten::mm" in ops and "aten::repeat_interleave" not in ops
     assert "aten::repeat_interleave" in torch_ops_called(lambda: torch.ones(2).repeat_interleave(2))
+
+
+def test_the_read_matrix_is_twice_the_last_level_cache_within_bounds(monkeypatch):
+    from mha_lab import measure
+
+    for llc, expected in [(None, measure.READ_BYTES_MIN), (2**20, measure.READ_BYTES_MIN),
+                          (2**28, 2**29), (2**31, measure.READ_BYTES_MAX)]:
+        monkeypatch.setattr(measure, "last_level_cache_bytes", lambda llc=llc: llc)
+        assert measure.read_matrix_bytes() == expected
+
+
+def test_usable_cores_counts_the_affinity_mask_not_the_host(monkeypatch):
+    import os
+
+    from mha_lab.measure import usable_cores
+
+    if not hasattr(os, "sched_getaffinity"):
+        pytest.skip("no CPU affinity on this platform")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 5})
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    assert usable_cores() == 2

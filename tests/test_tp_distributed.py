@@ -155,7 +155,7 @@ def test_cli_prints_the_report_and_exits_nonzero_on_a_mismatch(ranks, monkeypatc
 
 
 def test_scaling_rows_measure_one_step_per_rank_count(ranks):
-    import os
+    from mha_lab.measure import usable_cores
 
     rows = ranks[0]["scaling"]
     assert [r["world_size"] for r in rows] == [1, 2, 4] and ranks[1]["scaling"] is None
@@ -164,7 +164,7 @@ def test_scaling_rows_measure_one_step_per_rank_count(ranks):
     for r in rows:
         assert r["bytes"] == {"g forward": message, "f backward": message, "K/V grads backward": 0}
         assert r["seconds"] > 0 and 0 <= r["allreduce_share"] <= 1
-        assert r["ideal_speedup"] == min(r["world_size"], os.cpu_count())
+        assert r["ideal_speedup"] == min(r["world_size"], usable_cores())
     assert [rows[0]["flops_per_rank"] / r["flops_per_rank"] for r in rows] == [1, 2, 4]
 
 

@@ -4,7 +4,7 @@ Every token's keys and values are up-projections of one latent :math:`c = x W_{D
 :math:`d_c`: :math:`k^C_i = c\,W_{UK,i}`, :math:`v_i = c\,W_{UV,i}` for head i. Positions enter
 through a separate, **decoupled** RoPE part: a query part :math:`q^R_i` per head and one key
 :math:`k^R` shared by all heads. Per token and layer the cache holds :math:`c` and :math:`k^R`,
-:math:`d_c + d^R_h` numbers, against :math:`2 h d_h` for MHA.
+:math:`d_c + d_R` numbers, against :math:`2 h d_k` for MHA.
 
 Decoding never rebuilds the keys and values. The up-projections are **absorbed**: W_UK into the
 query and W_UV into the output projection,
@@ -73,10 +73,10 @@ class LatentAttention:
     form); ``prefill`` and ``decode_step`` attend over the cached latents with absorbed weights.
 
     .. math:: \mathrm{score}_{i}(m, n) = \frac{q^C_{i,m} \cdot k^C_{i,n} + (R_m q^R_{i,m}) \cdot (R_n k^R_n)}
-              {\sqrt{d_h + d^R_h}}
+              {\sqrt{d_k + d_R}}
 
-    Shapes: W_DKV (d_model, d_c); W_UK, W_UV (d_c, h d_h); W_Q (d_model, h d_h);
-    W_QR (d_model, h d_R); W_KR (d_model, d_R); W_O (h d_h, d_model). Forward only.
+    Shapes: W_DKV (d_model, d_c); W_UK, W_UV (d_c, h d_k); W_Q (d_model, h d_k);
+    W_QR (d_model, h d_R); W_KR (d_model, d_R); W_O (h d_k, d_model). Forward only.
     """
 
     def __init__(self, d_model: int, num_heads: int, head_dim: int, latent_dim: int, rope_dim: int,
@@ -107,8 +107,8 @@ class LatentAttention:
         return np.asarray(X, dtype=self.dtype)
 
     def queries(self, X: np.ndarray, offset: int = 0) -> tuple[np.ndarray, np.ndarray]:
-        """The content and RoPE parts of the queries: (B, L, d_model) -> (B, h, L, d_h), (B, h, L, d_R)."""
-        q_c = split_heads(X @ self.W_Q, self.num_heads)  # (B, L, h*d_h) -> (B, h, L, d_h)
+        """The content and RoPE parts of the queries: (B, L, d_model) -> (B, h, L, d_k), (B, h, L, d_R)."""
+        q_c = split_heads(X @ self.W_Q, self.num_heads)  # (B, L, h*d_k) -> (B, h, L, d_k)
         q_r = split_heads(X @ self.W_QR, self.num_heads)  # (B, L, h*d_R) -> (B, h, L, d_R)
         return q_c, self._rotate(q_r, offset)
 
@@ -121,28 +121,28 @@ class LatentAttention:
         X = self._check(X)
         q_c, q_r = self.queries(X, offset)
         c, k_r = self.compress(X, offset)
-        k_c = split_heads(c @ self.W_UK, self.num_heads)  # (B, L, h*d_h) -> (B, h, L, d_h)
-        V = split_heads(c @ self.W_UV, self.num_heads)  # (B, L, h*d_h) -> (B, h, L, d_h)
+        k_c = split_heads(c @ self.W_UK, self.num_heads)  # (B, L, h*d_k) -> (B, h, L, d_k)
+        V = split_heads(c @ self.W_UV, self.num_heads)  # (B, L, h*d_k) -> (B, h, L, d_k)
         k_r = np.broadcast_to(k_r[:, None], (*k_c.shape[:3], self.rope_dim))  # (B, L, d_R) -> (B, h, L, d_R)
-        Q = np.concatenate([q_c, q_r], axis=-1)  # (B, h, L, d_h + d_R)
-        K = np.concatenate([k_c, k_r], axis=-1)  # (B, h, L, d_h + d_R)
-        Z, _ = scaled_dot_product_attention(Q, K, V, mask)  # scale 1/sqrt(d_h + d_R); (B, h, L, d_h)
-        return merge_heads(Z) @ self.W_O  # (B, h, L, d_h) -> (B, L, h*d_h) -> (B, L, d_model)
+        Q = np.concatenate([q_c, q_r], axis=-1)  # (B, h, L, d_k + d_R)
+        K = np.concatenate([k_c, k_r], axis=-1)  # (B, h, L, d_k + d_R)
+        Z, _ = scaled_dot_product_attention(Q, K, V, mask)  # scale 1/sqrt(d_k + d_R); (B, h, L, d_k)
+        return merge_heads(Z) @ self.W_O  # (B, h, L, d_k) -> (B, L, h*d_k) -> (B, L, d_model)
 
     def absorbed(self) -> tuple[np.ndarray, np.ndarray]:
-        r"""W_UK per head for the query, (h, d_h, d_c), and :math:`W_{UV,i} W_{O,i}`, (h, d_c, d_model)."""
-        h, d_h, d_c = self.num_heads, self.head_dim, self.latent_dim
-        W_UK = self.W_UK.reshape(d_c, h, d_h).transpose(1, 2, 0)  # (d_c, h*d_h) -> (h, d_h, d_c)
-        W_UV = self.W_UV.reshape(d_c, h, d_h).transpose(1, 0, 2)  # (d_c, h*d_h) -> (h, d_c, d_h)
-        W_O = self.W_O.reshape(h, d_h, self.d_model)  # (h*d_h, d_model) -> (h, d_h, d_model)
-        return W_UK, W_UV @ W_O  # (h, d_c, d_h) @ (h, d_h, d_model) -> (h, d_c, d_model)
+        r"""W_UK per head for the query, (h, d_k, d_c), and :math:`W_{UV,i} W_{O,i}`, (h, d_c, d_model)."""
+        h, d_k, d_c = self.num_heads, self.head_dim, self.latent_dim
+        W_UK = self.W_UK.reshape(d_c, h, d_k).transpose(1, 2, 0)  # (d_c, h*d_k) -> (h, d_k, d_c)
+        W_UV = self.W_UV.reshape(d_c, h, d_k).transpose(1, 0, 2)  # (d_c, h*d_k) -> (h, d_c, d_k)
+        W_O = self.W_O.reshape(h, d_k, self.d_model)  # (h*d_k, d_model) -> (h, d_k, d_model)
+        return W_UK, W_UV @ W_O  # (h, d_c, d_k) @ (h, d_k, d_model) -> (h, d_c, d_model)
 
     def _attend_latent(self, X: np.ndarray, cache: LatentCache, offset: int,
                        mask: np.ndarray | None) -> np.ndarray:
         """X's queries against the cached latents, absorbed: (B, L, d_model) -> same."""
-        W_UK, W_OV = self.absorbed()  # (h, d_h, d_c), (h, d_c, d_model)
-        q_c, q_r = self.queries(X, offset)  # (B, h, L, d_h), (B, h, L, d_R)
-        q_lat = q_c @ W_UK  # (B, h, L, d_h) @ (h, d_h, d_c) -> (B, h, L, d_c)
+        W_UK, W_OV = self.absorbed()  # (h, d_k, d_c), (h, d_c, d_model)
+        q_c, q_r = self.queries(X, offset)  # (B, h, L, d_k), (B, h, L, d_R)
+        q_lat = q_c @ W_UK  # (B, h, L, d_k) @ (h, d_k, d_c) -> (B, h, L, d_c)
         c = cache.latents[:, None]  # (B, t, d_c) -> (B, 1, t, d_c): shared by the heads
         k_r = cache.rope_keys[:, None]  # (B, t, d_R) -> (B, 1, t, d_R)
         scores = q_lat @ c.swapaxes(-1, -2) + q_r @ k_r.swapaxes(-1, -2)  # (B, h, L, t)

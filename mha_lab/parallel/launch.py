@@ -22,6 +22,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from mha_lab.measure import usable_cores
+
 __all__ = ["spawn", "init_from_env", "under_torchrun", "free_port", "pick_device"]
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -68,7 +70,7 @@ def _entry(rank: int, fn: Callable, world_size: int, port: int, device: str, tim
            results) -> None:
     """One spawned rank: join the group on 127.0.0.1, run ``fn``, send back its value or its traceback."""
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo's own connections stay on the loopback too
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+    torch.set_num_threads(max(1, usable_cores() // world_size))  # the ranks share this process's cores
     try:
         local = pick_device(device, world_size, rank)
         dist.init_process_group(_backend(local), init_method=f"tcp://127.0.0.1:{port}", rank=rank,

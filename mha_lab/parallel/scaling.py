@@ -2,7 +2,8 @@
 
 ``scaling_worker`` runs on the largest rank count; for each smaller count N the first N ranks
 form a group and the others wait. Every rank runs one thread, so N ranks can use at most
-``min(N, cores)`` cores: the ideal speed-up over one rank. A step is forward and backward;
+``min(N, cores)`` cores, counting the cores this process may run on (``usable_cores``): the ideal
+speed-up over one rank. A step is forward and backward;
 its time is the median over repeats on the slowest rank, and the all-reduce time is what that
 rank spent inside the collectives (waiting for the other ranks included). ``measure_scaling``
 starts the ranks and returns the rows.
@@ -10,7 +11,6 @@ starts the ranks and returns the rows.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from statistics import median
 
@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from mha_lab.analysis import count_backward_flops, count_flops
-from mha_lab.measure import median_time
+from mha_lab.measure import median_time, usable_cores
 from mha_lab.parallel.check import OPS, Case, reference
 from mha_lab.parallel.launch import spawn
 from mha_lab.parallel.layer import TensorParallelAttention
@@ -48,7 +48,7 @@ def step_seconds(case: Case, device: torch.device, group: dist.ProcessGroup | No
 def scaling_worker(device: torch.device, case: Case, world_sizes: Sequence[int], repeat: int = 5) -> list[dict] | None:
     """``spawn`` target on ``max(world_sizes)`` ranks; rank 0 returns one row per rank count."""
     torch.set_num_threads(1)  # one core per rank: more threads would compete with the other ranks
-    rank, rows, cores = dist.get_rank(), [], os.cpu_count() or 1
+    rank, rows, cores = dist.get_rank(), [], usable_cores()
     h_kv = case.kv_heads or case.heads
     flops = count_flops(case.batch, case.seq_len, case.d_model, case.heads, h_kv, causal=case.causal) \
         + count_backward_flops(case.batch, case.seq_len, case.d_model, case.heads, h_kv, causal=case.causal)

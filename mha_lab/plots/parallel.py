@@ -72,7 +72,8 @@ def plot_weight_split(d_model: int = 32, num_heads: int = 8, num_kv_heads: int |
 
 def plot_tp_memory_and_traffic(model: str = "Llama-2-70B", seq_len: int = 4096, batch_size: int = 1,
                                dtype: DType = "bfloat16", world_sizes: Sequence[int] = (1, 2, 4, 8, 16)) -> Figure:
-    """Per device and per layer: attention weights held, and bytes sent by the forward all-reduce (ring), in MiB."""
+    """Per device and per layer: attention parameters held (W_Q, W_K, W_V, W_O), and bytes sent by the forward
+    all-reduce (ring), in MiB."""
     c = MODEL_CONFIGS[model]
     N = np.asarray(world_sizes)
     size = dtype_bytes(dtype)
@@ -80,7 +81,7 @@ def plot_tp_memory_and_traffic(model: str = "Llama-2-70B", seq_len: int = 4096, 
     sent = [allreduce_bytes(batch_size, seq_len, c.d_model, int(n), dtype)["ring_per_device"] / 2**20 for n in N]
     fig, ax = new_figure(3.8)
     x = np.arange(len(N))
-    ax.bar(x - 0.2, held, width=0.4, label="attention weights held")
+    ax.bar(x - 0.2, held, width=0.4, label="attention parameters held")
     ax.bar(x + 0.2, sent, width=0.4, label=f"sent in the all-reduce\n(B = {batch_size}, L = {seq_len})")
     ax.set_xticks(x, [str(n) for n in N])
     ax.set(xlabel="devices N (tensor-parallel size)", ylabel=f"MiB per device per layer ({dtype})",
