@@ -10,7 +10,7 @@ how large a difference has to be before the book calls it one.
 from __future__ import annotations
 
 __all__ = ["TIMING_NOISE", "TIMING_MARGIN", "relation", "speed", "closeness", "slope", "slope_steps", "rate_changes",
-           "cache_fit", "two_digits"]
+           "cache_fit", "agreement", "two_digits"]
 
 TIMING_NOISE = 0.10
 """How far one timing may be off, either way, on a busy machine (a relative error)."""
@@ -45,13 +45,13 @@ def two_digits(x: float) -> str:
 
 def speed(name: str, seconds: float, ref_name: str, ref_seconds: float,
           margin: float = TIMING_MARGIN) -> str:
-    """A clause comparing two measured times: "<name> is 1.3x slower than <ref_name>", "... 1.3x
+    """A clause comparing two measured times: "<name> is 1.3 times slower than <ref_name>", "... 1.3 times
     faster than ...", or "<name> and <ref_name> take the same time within 25%"."""
     sign = relation(seconds, ref_seconds, margin)
     if sign > 0:
-        return f"{name} is {two_digits(seconds / ref_seconds)}x slower than {ref_name}"
+        return f"{name} is {two_digits(seconds / ref_seconds)} times slower than {ref_name}"
     if sign < 0:
-        return f"{name} is {two_digits(ref_seconds / seconds)}x faster than {ref_name}"
+        return f"{name} is {two_digits(ref_seconds / seconds)} times faster than {ref_name}"
     return f"{name} and {ref_name} take the same time within {margin:.0%}"
 
 
@@ -66,14 +66,14 @@ def closeness(value: float, reference: float, margin: float = TIMING_MARGIN) -> 
 
 def slope(measured: float, model: float, margin: float = 0.1) -> str:
     """A fitted log-log slope against the slope a cost model has over the same points: "as steep
-    as", "steeper than" or "shallower than" (absolute ``margin`` on the slope)."""
+    as", "steeper than" or "shallower than" (absolute ``margin`` on the slope, stated once by the caller)."""
     if margin < 0:
         raise ValueError(f"margin must be non-negative, got {margin}")
     if measured > model + margin:
         return "steeper than"
     if measured < model - margin:
         return "shallower than"
-    return f"as steep as (within {margin:g} of)"
+    return "as steep as"
 
 
 def slope_steps(counted: float, at_fixed_rates: float, measured: float, margin: float = 0.1) -> str:
@@ -89,8 +89,8 @@ def slope_steps(counted: float, at_fixed_rates: float, measured: float, margin: 
     why_second = {"steeper than": rate.format("fewer"), "shallower than": rate.format("more")}.get(
         second, "the rates hardly change with length")
     return (f"If every part kept its rate from the shortest length, the time would grow with slope "
-            f"{at_fixed_rates:.2f}, {first} the count's {counted:.2f}: {why_first}; the measured {measured:.2f} is "
-            f"{second} that, so {why_second}.")
+            f"{at_fixed_rates:.2f}, {first} the count's {counted:.2f}: {why_first}. The measured slope, "
+            f"{measured:.2f}, is {second} that: {why_second}.")
 
 
 def _names(names: list[str]) -> str:
@@ -100,20 +100,37 @@ def _names(names: list[str]) -> str:
 
 def rate_changes(before: dict[str, float], after: dict[str, float], unit: str, margin: float = TIMING_MARGIN) -> str:
     """How each named rate moved from ``before`` to ``after``, a change inside the relative ``margin`` being none:
-    "the rate of a falls from 24 to 6.7 GFLOP/s and of b from 32 to 12 GFLOP/s; the rate of c stays within 25%"."""
+    "the rate of a falls from 24 to 6.7 and of b from 32 to 12 GFLOP/s; the rate of c stays within 25%"."""
     groups: dict[int, list[str]] = {-1: [], 1: [], 0: []}
     for name, rate in before.items():
         groups[relation(after[name], rate, margin)].append(name)
     clauses = []
     for sign, verb in ((-1, "falls"), (1, "rises")):
-        moves = [f"of {n} from {two_digits(before[n])} to {two_digits(after[n])} {unit}" for n in groups[sign]]
+        moves = [f"of {n} from {two_digits(before[n])} to {two_digits(after[n])}" for n in groups[sign]]
         if moves:
+            moves[-1] += f" {unit}"  # the unit once, after the last number of the clause
             clauses.append(_names([f"the rate {moves[0].replace(' from ', f' {verb} from ', 1)}", *moves[1:]]))
     same = groups[0]
     if same:
         clauses.append(f"the rate of {same[0]} stays within {margin:.0%}" if len(same) == 1
                        else f"the rates of {_names(same)} stay within {margin:.0%}")
     return "; ".join(clauses)
+
+
+def agreement(pairs: dict[str, tuple[float, float]], noun: str, reference: str, margin: float = TIMING_MARGIN) -> str:
+    """Which named (measured, expected) pairs agree within the relative ``margin``, in one clause: "every measured
+    ratio is within 25% of the count", or "a is 30% below the count; the other measured ratios are within 25% of
+    it" (``noun`` names what the pairs measure, ``reference`` what they are compared with)."""
+    apart = [(name, pair) for name, pair in pairs.items() if relation(*pair, margin)]
+    outside = [f"{name} is {closeness(*pair, margin)} {reference if i == 0 else 'it'}"
+               for i, (name, pair) in enumerate(apart)]
+    inside = len(pairs) - len(outside)
+    if not outside:
+        return f"every {noun} is within {margin:.0%} of {reference}"
+    if not inside:
+        return _names(outside)
+    others = f"the other {noun} is" if inside == 1 else f"the other {noun}s are"
+    return f"{_names(outside)}; {others} within {margin:.0%} of it"
 
 
 def _size(n_bytes: int) -> str:

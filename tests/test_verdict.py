@@ -10,6 +10,7 @@ import pytest
 from mha_lab.verdict import (
     TIMING_MARGIN,
     TIMING_NOISE,
+    agreement,
     cache_fit,
     closeness,
     rate_changes,
@@ -34,7 +35,7 @@ def said(words: str) -> int:
         return 1
     if re.search(r"faster|below|shallower", words):
         return -1
-    assert re.search(r"within|same", words), words
+    assert re.search(r"within|same|as steep as", words), words
     return 0
 
 
@@ -60,16 +61,16 @@ def test_relation_on_chosen_values(value, reference, margin, expected):
 
 # (seconds, reference seconds, margin) -> words. Faster needs the reference 1/0.75 = 1.33x longer
 SPEEDS = [
-    (2.6e-3, 1e-3, TIMING_MARGIN, "a is 2.6x slower than b"),
-    (1.3, 1.0, TIMING_MARGIN, "a is 1.3x slower than b"),
+    (2.6e-3, 1e-3, TIMING_MARGIN, "a is 2.6 times slower than b"),
+    (1.3, 1.0, TIMING_MARGIN, "a is 1.3 times slower than b"),
     (1.24, 1.0, TIMING_MARGIN, "a and b take the same time within 25%"),
     (1.0, 1.0, TIMING_MARGIN, "a and b take the same time within 25%"),
     (1.0, 1.33, TIMING_MARGIN, "a and b take the same time within 25%"),
-    (1.0, 1.34, TIMING_MARGIN, "a is 1.3x faster than b"),
-    (1.0, 20.0, TIMING_MARGIN, "a is 20x faster than b"),
-    (123.0, 1.0, TIMING_MARGIN, "a is 120x slower than b"),  # two digits, no exponent
-    (1.0, 1234.0, TIMING_MARGIN, "a is 1200x faster than b"),
-    (1.1, 1.0, 0.05, "a is 1.1x slower than b"),
+    (1.0, 1.34, TIMING_MARGIN, "a is 1.3 times faster than b"),
+    (1.0, 20.0, TIMING_MARGIN, "a is 20 times faster than b"),
+    (123.0, 1.0, TIMING_MARGIN, "a is 120 times slower than b"),  # two digits, no exponent
+    (1.0, 1234.0, TIMING_MARGIN, "a is 1200 times faster than b"),
+    (1.1, 1.0, 0.05, "a is 1.1 times slower than b"),
     (1.1, 1.0, 0.1, "a and b take the same time within 10%"),
 ]
 
@@ -100,14 +101,14 @@ def test_closeness_on_chosen_values(value, reference, margin, words):
 
 # (fitted slope, model slope, absolute margin) -> words
 SLOPES = [
-    (2.0, 2.0, 0.1, "as steep as (within 0.1 of)"),
-    (2.09, 2.0, 0.1, "as steep as (within 0.1 of)"),
+    (2.0, 2.0, 0.1, "as steep as"),
+    (2.09, 2.0, 0.1, "as steep as"),
     (2.11, 2.0, 0.1, "steeper than"),
-    (1.91, 2.0, 0.1, "as steep as (within 0.1 of)"),
+    (1.91, 2.0, 0.1, "as steep as"),
     (1.89, 2.0, 0.1, "shallower than"),
     (3.0, 1.0, 0.1, "steeper than"),
     (0.5, 2.0, 0.1, "shallower than"),
-    (1.94, 1.8, 0.15, "as steep as (within 0.15 of)"),
+    (1.94, 1.8, 0.15, "as steep as"),
     (1.96, 1.8, 0.15, "steeper than"),
     (1.64, 1.8, 0.15, "shallower than"),
 ]
@@ -120,17 +121,17 @@ def test_slope_on_chosen_values(measured, model, margin, words):
 
 # (counted slope, slope at fixed rates, measured slope, margin) -> words
 IF_FIXED = "If every part kept its rate from the shortest length, the time would grow with slope"
-SLOW, SAME = "the parts that grow fastest are the slow ones", "so the rates hardly change with length."
+SLOW, SAME = "the parts that grow fastest are the slow ones", "the rates hardly change with length."
 SLOPE_STEPS = [
-    (1.75, 1.94, 2.18, 0.15, f"{IF_FIXED} 1.94, steeper than the count's 1.75: {SLOW}; the measured 2.18 is steeper "
-     "than that, so the work does fewer FLOPs per second at the longest length than at the shortest."),
-    (1.75, 1.94, 2.0, 0.15, f"{IF_FIXED} 1.94, steeper than the count's 1.75: {SLOW}; the measured 2.00 is as steep "
-     f"as (within 0.15 of) that, {SAME}"),
-    (1.75, 1.85, 1.6, 0.15, f"{IF_FIXED} 1.85, as steep as (within 0.15 of) the count's 1.75: the parts' rates differ "
-     "too little to matter; the measured 1.60 is shallower than that, so the work does more FLOPs per second at the "
-     "longest length than at the shortest."),
+    (1.75, 1.94, 2.18, 0.15, f"{IF_FIXED} 1.94, steeper than the count's 1.75: {SLOW}. The measured slope, 2.18, is "
+     "steeper than that: the work does fewer FLOPs per second at the longest length than at the shortest."),
+    (1.75, 1.94, 2.0, 0.15, f"{IF_FIXED} 1.94, steeper than the count's 1.75: {SLOW}. The measured slope, 2.00, is "
+     f"as steep as that: {SAME}"),
+    (1.75, 1.85, 1.6, 0.15, f"{IF_FIXED} 1.85, as steep as the count's 1.75: the parts' rates differ too little to "
+     "matter. The measured slope, 1.60, is shallower than that: the work does more FLOPs per second at the longest "
+     "length than at the shortest."),
     (1.75, 1.5, 1.5, 0.1, f"{IF_FIXED} 1.50, shallower than the count's 1.75: the parts that grow fastest are the "
-     f"fast ones; the measured 1.50 is as steep as (within 0.1 of) that, {SAME}"),
+     f"fast ones. The measured slope, 1.50, is as steep as that: {SAME}"),
 ]
 
 
@@ -142,20 +143,34 @@ def test_slope_steps_on_chosen_slopes(counted, fixed, measured, margin, words):
 # (rates before, rates after) -> words, at the timing margin of 25%
 RATE_CHANGES = [
     ({"a": 24.0, "b": 1.3, "c": 32.0}, {"a": 6.7, "b": 1.03, "c": 11.5},
-     "the rate of a falls from 24 to 6.7 GFLOP/s and of c from 32 to 12 GFLOP/s; the rate of b stays within 25%"),
+     "the rate of a falls from 24 to 6.7 and of c from 32 to 12 GFLOP/s; the rate of b stays within 25%"),
     ({"a": 1.0, "b": 2.0}, {"a": 1.26, "b": 1.5}, "the rate of a rises from 1 to 1.3 GFLOP/s; the rate of b stays "
      "within 25%"),
     ({"a": 1.0, "b": 2.0, "c": 3.0}, {"a": 0.5, "b": 2.4, "c": 2.5},
      "the rate of a falls from 1 to 0.5 GFLOP/s; the rates of b and c stay within 25%"),
     ({"a": 10.0, "b": 10.0, "c": 10.0}, {"a": 1.0, "b": 2.0, "c": 30.0},
-     "the rate of a falls from 10 to 1 GFLOP/s and of b from 10 to 2 GFLOP/s; the rate of c rises from 10 to "
-     "30 GFLOP/s"),
+     "the rate of a falls from 10 to 1 and of b from 10 to 2 GFLOP/s; the rate of c rises from 10 to 30 GFLOP/s"),
 ]
 
 
 @pytest.mark.parametrize("before, after, words", RATE_CHANGES)
 def test_rate_changes_on_chosen_rates(before, after, words):
     assert rate_changes(before, after, "GFLOP/s") == words
+
+
+# (measured, expected) pairs -> words, at the timing margin of 25%: the margin's edge is inside
+AGREEMENTS = [
+    ({"a": (3.0, 3.0), "b": (3.75, 3.0)}, "every ratio is within 25% of the count"),
+    ({"a": (2.1, 3.0), "b": (3.0, 3.0)}, "a is 30% below the count; the other ratio is within 25% of it"),
+    ({"a": (2.1, 3.0), "b": (3.9, 3.0), "c": (3.0, 3.0), "d": (2.3, 3.0)},
+     "a is 30% below the count and b is 30% above it; the other ratios are within 25% of it"),
+    ({"a": (2.1, 3.0), "b": (6.0, 2.0)}, "a is 30% below the count and b is 200% above it"),
+]
+
+
+@pytest.mark.parametrize("pairs, words", AGREEMENTS)
+def test_agreement_on_chosen_pairs(pairs, words):
+    assert agreement(pairs, "ratio", "the count") == words
 
 
 MiB = 2**20
@@ -193,7 +208,7 @@ def test_speed_from_noisy_times_states_the_printed_factor_and_never_contradicts_
         words = speed("the loop", loop, "the fused layer", fused, TIMING_MARGIN)
         printed = loop / fused
         if said(words):  # a stated factor is the printed one
-            factor = float(re.search(r"([\d.]+)x", words).group(1))
+            factor = float(re.search(r"([\d.]+) times", words).group(1))
             assert factor == pytest.approx(max(printed, 1 / printed), rel=0.05)
         assert said(words) * np.sign(true_ratio - 1) >= 0, (words, true_ratio)
 
