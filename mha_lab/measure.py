@@ -132,14 +132,14 @@ def cache_sizes(cpu_dir: str = "/sys/devices/system/cpu/cpu0") -> dict[int, int]
     sizes = {}
     for index in sorted(glob.glob(os.path.join(cpu_dir, "cache", "index*"))):
         try:
-            with open(os.path.join(index, "level")) as f, open(os.path.join(index, "size")) as g:
-                level, size = int(f.read()), g.read().strip()
-            with open(os.path.join(index, "type")) as t:
-                kind = t.read().strip()
-        except (OSError, ValueError):
+            with open(os.path.join(index, "level")) as f, open(os.path.join(index, "size")) as g, \
+                    open(os.path.join(index, "type")) as t:
+                level, size, kind = int(f.read()), g.read().strip(), t.read().strip()
+            size_bytes = int(size[:-1]) * units[size[-1]] if size[-1:] in units else int(size)
+        except (OSError, ValueError):  # a file missing, or a size such as "" that is no number of bytes
             continue
         if kind != "Instruction":
-            sizes[level] = int(size[:-1]) * units[size[-1]] if size[-1] in units else int(size)
+            sizes[level] = size_bytes
     return sizes
 
 
@@ -218,7 +218,8 @@ def blas_threads(n: int | None = None) -> int | None:
 
 
 def machine_info(threads: int = 1) -> dict[str, object]:
-    """CPU model, core count, library versions and the thread counts the run uses (pinned to ``threads``)."""
+    """CPU model, the cores this process may run on (``usable_cores``, as ``nproc`` counts them), library
+    versions and the thread counts the run uses (pinned to ``threads``)."""
     try:
         import torch
     except ImportError:
@@ -231,7 +232,7 @@ def machine_info(threads: int = 1) -> dict[str, object]:
             cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
     blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
     return {
-        "cpu": cpu, "nproc": os.cpu_count(), "python": platform.python_version(), "numpy": np.__version__,
+        "cpu": cpu, "nproc": usable_cores(), "python": platform.python_version(), "numpy": np.__version__,
         "blas": f"{blas.get('name')} {blas.get('version')}", "blas_threads": blas_threads(threads),
         "torch": torch.__version__ if torch is not None else None,
         "torch_threads": torch.get_num_threads() if torch is not None else None,

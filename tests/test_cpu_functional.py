@@ -116,7 +116,6 @@ def test_sdpa_shapes_and_mask_broadcast():
     assert np.all(A[..., np.triu_indices(5, k=1)[0], np.triu_indices(5, k=1)[1]] == 0)
 
 
-
 @pytest.mark.parametrize("h, h_kv, L_q", [(4, 2, 6), (6, 1, 6), (6, 3, 1)])
 def test_sdpa_backward_of_shared_heads_sums_the_gradients_of_repeated_heads(h, h_kv, L_q):
     """K/V heads shared by groups (never copied) get the plain backward's gradients on repeat_kv copies, summed."""
@@ -137,6 +136,16 @@ def test_sdpa_backward_of_shared_heads_sums_the_gradients_of_repeated_heads(h, h
     assert_close(grad_K, grad_K_rep.reshape(B, h_kv, n_rep, L_k, d).sum(axis=2))
     assert_close(grad_V, grad_V_rep.reshape(B, h_kv, n_rep, L_k, d).sum(axis=2))
     assert np.abs(grad_K - grad_K_rep[:, ::n_rep]).max() > 1e-3  # one copy alone is not the gradient
+
+
+def test_sdpa_backward_refuses_inputs_the_forward_broadcast():
+    """V shared by the batch broadcasts in the forward; its gradient would need a sum, so the backward refuses."""
+    rng = np.random.default_rng(0)
+    Q, K, V = rng.standard_normal((2, 3, 4, 5)), rng.standard_normal((2, 3, 4, 5)), rng.standard_normal((1, 3, 4, 5))
+    Z, A = scaled_dot_product_attention(Q, K, V)
+    with pytest.raises(ValueError, match="no broadcasting"):
+        scaled_dot_product_attention_backward(np.ones_like(Z), Q, K, V, A)
+
 
 @pytest.mark.parametrize("mask, error", [
     (np.zeros((1, 1, 4, 4)), "does not broadcast"),

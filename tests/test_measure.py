@@ -87,6 +87,12 @@ def test_cache_sizes_read_each_data_cache_level(tmp_path):
             (index / name).write_text(text + "\n")
     assert cache_sizes(str(tmp_path)) == {1: 48 * 2**10, 2: 2 * 2**20, 3: 480 * 2**20}
     assert cache_sizes(str(tmp_path / "none")) == {}
+    for i, size in enumerate(("", "big"), start=len(reported)):  # sizes that are no number: left out, no error
+        index = tmp_path / "cache" / f"index{i}"
+        index.mkdir()
+        for name, text in (("level", "4"), ("type", "Unified"), ("size", size)):
+            (index / name).write_text(text + "\n")
+    assert cache_sizes(str(tmp_path)) == {1: 48 * 2**10, 2: 2 * 2**20, 3: 480 * 2**20}
 
 
 def test_last_level_cache_is_the_largest_reported_cache():
@@ -124,3 +130,24 @@ def test_usable_cores_counts_the_affinity_mask_not_the_host(monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 5})
     monkeypatch.setattr(os, "cpu_count", lambda: 64)
     assert usable_cores() == 2
+
+
+def test_the_machine_line_counts_the_usable_cores_as_the_scaling_runs_do(monkeypatch):
+    import os
+
+    from mha_lab.measure import machine_info
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 5}, raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    assert machine_info()["nproc"] == 2
+
+
+@pytest.mark.parametrize("host, expected", [(64, 64), (None, 1)])
+def test_usable_cores_without_an_affinity_mask_is_the_host_count(monkeypatch, host, expected):
+    import os
+
+    from mha_lab.measure import usable_cores
+
+    monkeypatch.delattr(os, "sched_getaffinity", raising=False)  # as on macOS and Windows
+    monkeypatch.setattr(os, "cpu_count", lambda: host)
+    assert usable_cores() == expected

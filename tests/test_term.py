@@ -31,7 +31,7 @@ from mha_lab.__main__ import main as cli_main
 from mha_lab.grading import __main__ as cli
 from mha_lab.grading import course as courses
 from mha_lab.grading.judge import HIDDEN_DIR_ENV
-from mha_lab.instructor import term
+from mha_lab.instructor import lms, term
 
 REPO = Path(__file__).resolve().parents[1]
 DUE = "2026-11-20 17:00:00 UTC"
@@ -294,6 +294,32 @@ def test_an_extension_without_a_due_date_is_refused_before_grading(tmp_path, mon
     with courses.gradebook(tmp_path) as gb:
         gb.update_or_create_assignment("ps1", duedate="2026-11-23 17:00:00 UTC")
     term.check(tmp_path, ["ps1"])
+
+
+def test_an_export_of_an_unknown_assignment_or_student_is_refused(tmp_path, monkeypatch):
+    """A misspelt ``--assignment`` or ``--student`` fails with the names, instead of a CSV with no rows."""
+    from nbgrader.apps import ExportApp
+
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")  # nbgrader's alembic
+    with courses.gradebook(tmp_path) as gb:
+        gb.add_assignment("ps1")
+        gb.update_or_create_student("amy")
+    (tmp_path / "submitted" / "bob" / "ps1").mkdir(parents=True)  # handed in, not in the gradebook
+    app = ExportApp()
+    app.coursedir = CourseDirectory(root=str(tmp_path))
+    out = tmp_path / "grades.csv"
+
+    def export(**only) -> list[dict[str, str]]:
+        with courses.gradebook(tmp_path) as gb:
+            lms.CsvExport(parent=app, to=str(out), **only).export(gb)
+        return list(csv.DictReader(out.open()))
+
+    assert [(r["student_id"], r["status"]) for r in export(assignment=["ps1"], student=["bob"])] == \
+        [("bob", "not submitted")]
+    with pytest.raises(ValueError, match="no assignment ps2 in the course; its assignments: ps1"):
+        export(assignment=["ps1", "ps2"])
+    with pytest.raises(ValueError, match="no student zed in the course; its students: amy, bob"):
+        export(student=["amy", "zed"])
 
 
 def test_timestamp_txt_is_read_as_nbgrader_writes_it_and_never_followed(tmp_path):

@@ -213,6 +213,9 @@ def scaled_dot_product_attention_backward(
     """
     if K.shape[:-2] != Q.shape[:-2]:
         return _grouped_attention_backward(grad_Z, Q, K, V, A)
+    if not grad_Z.shape[:-2] == Q.shape[:-2] == V.shape[:-2] == A.shape[:-2]:  # a broadcast's backward is a sum
+        raise ValueError(f"grad_Z, Q, K, V and A must share their leading axes (no broadcasting here): got "
+                         f"{grad_Z.shape}, {Q.shape}, {K.shape}, {V.shape}, {A.shape}")
     # step 3: Z = A V
     # (..., L_q, d_v) @ (..., d_v, L_k) -> (..., L_q, L_k)
     grad_A = grad_Z @ np.swapaxes(V, -1, -2)

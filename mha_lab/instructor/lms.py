@@ -150,7 +150,8 @@ def canvas(export: Path, grades: dict[tuple[str, str], Grade], out: Path, id_col
 class CsvExport(ExportPlugin):
     """``nbgrader export``: nbgrader's CSV (``--to``, default ``grades.csv``; ``--assignment``, ``--student``) from
     ``read_grades``, with a last column ``status``. Scores stay empty unless graded, where stock nbgrader writes 0;
-    a student with a folder in ``submitted/`` but not in the gradebook gets a row too, with no name."""
+    a student with a folder in ``submitted/`` but not in the gradebook gets a row too, with no name. An
+    ``--assignment`` or ``--student`` the course does not know is a ValueError, not a CSV with no rows."""
 
     def export(self, gradebook: Gradebook) -> None:
         dest = self.to or "grades.csv"
@@ -158,6 +159,11 @@ class CsvExport(ExportPlugin):
         people = {s.id: s for s in gradebook.students}  # nbgrader's order: by last, then first name
         everyone = [*people, *sorted({s for s, _ in grades} - people.keys())]
         only_assignments, only_students = {str(a) for a in self.assignment}, {str(s) for s in self.student}
+        for what, asked, known in (("assignment", only_assignments, {a.name for a in gradebook.assignments}),
+                                   ("student", only_students, set(everyone))):
+            if asked - known:
+                raise ValueError(f"no {what} {', '.join(sorted(asked - known))} in the course; "
+                                 f"its {what}s: {', '.join(sorted(known)) or 'none'}")
         self.log.info("Exporting grades to %s", dest)
         with open(dest, "w", newline="") as f:
             writer = csv.writer(f, lineterminator="\n")  # as nbgrader ends its lines; None is written empty
