@@ -213,9 +213,7 @@ def scaled_dot_product_attention_backward(
     """
     if K.shape[:-2] != Q.shape[:-2]:
         return _grouped_attention_backward(grad_Z, Q, K, V, A)
-    if not grad_Z.shape[:-2] == Q.shape[:-2] == V.shape[:-2] == A.shape[:-2]:  # a broadcast's backward is a sum
-        raise ValueError(f"grad_Z, Q, K, V and A must share their leading axes (no broadcasting here): got "
-                         f"{grad_Z.shape}, {Q.shape}, {K.shape}, {V.shape}, {A.shape}")
+    _check_unbroadcast(grad_Z=grad_Z, Q=Q, K=K, V=V, A=A)
     # step 3: Z = A V
     # (..., L_q, d_v) @ (..., d_v, L_k) -> (..., L_q, L_k)
     grad_A = grad_Z @ np.swapaxes(V, -1, -2)
@@ -282,6 +280,13 @@ def _grouped_attention_backward(
     # (B, h_kv, n_rep, L_q, d_k) -> (B, h, L_q, d_k); a copy's backward is a sum:
     # (B, h_kv, n_rep, L_k, d) -> (B, h_kv, L_k, d)
     return grad_Q.reshape(Q.shape), grad_K.sum(axis=2), grad_V.sum(axis=2)
+
+
+def _check_unbroadcast(**arrays: np.ndarray) -> None:
+    """Refuse arrays whose leading (batch, head) axes differ: the backward of a broadcast is a sum, not done here."""
+    if len({a.shape[:-2] for a in arrays.values()}) > 1:
+        got = ", ".join(f"{name} {a.shape}" for name, a in arrays.items())
+        raise ValueError(f"{', '.join(arrays)} must share their leading axes (no broadcasting here): got {got}")
 
 
 def _check_groups(Q: np.ndarray, K: np.ndarray, V: np.ndarray) -> tuple[int, int]:
