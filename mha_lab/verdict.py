@@ -9,8 +9,10 @@ how large a difference has to be before the book calls it one.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 __all__ = ["TIMING_NOISE", "TIMING_MARGIN", "relation", "speed", "closeness", "slope", "slope_steps", "rate_changes",
-           "cache_fit", "agreement", "two_digits"]
+           "cache_fit", "agreement", "two_digits", "listing", "closeness_each"]
 
 TIMING_NOISE = 0.10
 """How far one timing may be off, either way, on a busy machine (a relative error)."""
@@ -64,6 +66,18 @@ def closeness(value: float, reference: float, margin: float = TIMING_MARGIN) -> 
     return f"{abs(value / reference - 1):.0%} {'above' if sign > 0 else 'below'}"
 
 
+def closeness_each(values: Sequence[float], reference: float, margin: float = TIMING_MARGIN) -> str:
+    """``closeness`` of several values to one reference, said once where they agree: "within 25% of",
+    "53% and 57% below"; else each in turn: "within 25% of and 30% above"."""
+    words = [closeness(v, reference, margin) for v in values]
+    if len(set(words)) == 1:
+        return words[0]
+    signs = {relation(v, reference, margin) for v in values}
+    if signs in ({1}, {-1}):  # all above or all below: the direction once
+        return f"{listing([f'{abs(v / reference - 1):.0%}' for v in values])} {'above' if signs == {1} else 'below'}"
+    return listing(words)
+
+
 def slope(measured: float, model: float, margin: float = 0.1) -> str:
     """A fitted log-log slope against the slope a cost model has over the same points: "as steep
     as", "steeper than" or "shallower than" (absolute ``margin`` on the slope, stated once by the caller)."""
@@ -93,9 +107,9 @@ def slope_steps(counted: float, at_fixed_rates: float, measured: float, margin: 
             f"{measured:.2f}, is {second} that: {why_second}.")
 
 
-def _names(names: list[str]) -> str:
-    """"a", "a and b", "a, b and c"."""
-    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+def listing(items: Sequence[str]) -> str:
+    """Items as a sentence lists them: "a", "a and b", "a, b and c"."""
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
 
 
 def rate_changes(before: dict[str, float], after: dict[str, float], unit: str, margin: float = TIMING_MARGIN) -> str:
@@ -109,11 +123,11 @@ def rate_changes(before: dict[str, float], after: dict[str, float], unit: str, m
         moves = [f"of {n} from {two_digits(before[n])} to {two_digits(after[n])}" for n in groups[sign]]
         if moves:
             moves[-1] += f" {unit}"  # the unit once, after the last number of the clause
-            clauses.append(_names([f"the rate {moves[0].replace(' from ', f' {verb} from ', 1)}", *moves[1:]]))
+            clauses.append(listing([f"the rate {moves[0].replace(' from ', f' {verb} from ', 1)}", *moves[1:]]))
     same = groups[0]
     if same:
         clauses.append(f"the rate of {same[0]} stays within {margin:.0%}" if len(same) == 1
-                       else f"the rates of {_names(same)} stay within {margin:.0%}")
+                       else f"the rates of {listing(same)} stay within {margin:.0%}")
     return "; ".join(clauses)
 
 
@@ -128,9 +142,9 @@ def agreement(pairs: dict[str, tuple[float, float]], noun: str, reference: str, 
     if not outside:
         return f"every {noun} is within {margin:.0%} of {reference}"
     if not inside:
-        return _names(outside)
+        return listing(outside)
     others = f"the other {noun} is" if inside == 1 else f"the other {noun}s are"
-    return f"{_names(outside)}; {others} within {margin:.0%} of it"
+    return f"{listing(outside)}; {others} within {margin:.0%} of it"
 
 
 def _size(n_bytes: int) -> str:

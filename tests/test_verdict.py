@@ -13,6 +13,8 @@ from mha_lab.verdict import (
     agreement,
     cache_fit,
     closeness,
+    closeness_each,
+    listing,
     rate_changes,
     relation,
     slope,
@@ -172,6 +174,27 @@ AGREEMENTS = [
 def test_agreement_on_chosen_pairs(pairs, words):
     assert agreement(pairs, "ratio", "the count") == words
 
+
+
+# several values against one reference -> words, at the timing margin of 25%
+CLOSENESS_EACH = [
+    ([3.0, 3.5], 3.0, "within 25% of"),
+    ([1.4, 1.3], 3.0, "53% and 57% below"),
+    ([3.9, 4.5], 3.0, "30% and 50% above"),
+    ([2.1, 2.1], 3.0, "30% below"),
+    ([3.0, 3.9], 3.0, "within 25% of and 30% above"),
+    ([2.1, 3.9], 3.0, "30% below and 30% above"),
+]
+
+
+@pytest.mark.parametrize("values, reference, words", CLOSENESS_EACH)
+def test_closeness_each_says_a_shared_direction_once(values, reference, words):
+    assert closeness_each(values, reference) == words
+
+
+@pytest.mark.parametrize("items, words", [(["a"], "a"), (["a", "b"], "a and b"), (["a", "b", "c"], "a, b and c")])
+def test_listing(items, words):
+    assert listing(items) == words
 
 MiB = 2**20
 CACHES = {1: 48 * 2**10, 2: 2 * MiB, 3: 480 * MiB}
