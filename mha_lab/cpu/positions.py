@@ -6,7 +6,7 @@ way. Positions enter in one of three places:
 - added to the input: ``sinusoidal_encoding`` (fixed) or ``LearnedPositions`` (a trained table);
 - rotating queries and keys: ``apply_rope`` (RoPE), so that :math:`q_m \cdot k_n` depends on
   :math:`n - m` only; ``RotaryAttention`` is a layer that does it, with a KV cache;
-- biasing the scores: ``alibi_bias`` (ALiBi), :math:`-\alpha_h\,|i - j|` added like a mask.
+- biasing the scores: ``alibi_bias`` (ALiBi), :math:`-\alpha_i\,|m - n|` (head i, positions m and n) added like a mask.
 
 RoPE comes in two layouts that pair different coordinates: ``"interleaved"`` rotates
 :math:`(x_{2i}, x_{2i+1})` (the RoPE paper, GPT-J), ``"half"`` rotates :math:`(x_i, x_{i+d/2})`
@@ -212,12 +212,13 @@ def alibi_slopes(num_heads: int) -> np.ndarray:
 
 
 def alibi_bias(num_heads: int, seq_len_q: int, seq_len_k: int | None = None, offset: int = 0) -> np.ndarray:
-    r"""ALiBi's additive score bias :math:`-\alpha_h\,|p_i - p_j|`, to add to the scores like a mask.
+    r"""ALiBi's additive score bias :math:`-\alpha_i\,|p_m - p_n|` of head i, query m and key n, added to the
+    scores like a mask.
 
-    Shapes: -> (1, h, L_q, L_k). Key j sits at position :math:`p_j = \text{offset} + j`, and the
-    queries are the last L_q of the L_k positions (decoding), so query i sits at
-    :math:`p_i = \text{offset} + L_k - L_q + i`. Under a causal mask this is the paper's
-    :math:`\alpha_h\,(p_j - p_i)`; add ``create_causal_mask`` for a decoder. ``offset`` places
+    Shapes: -> (1, h, L_q, L_k). Key n sits at position :math:`p_n = \text{offset} + n`, and the
+    queries are the last L_q of the L_k positions (decoding), so query m sits at
+    :math:`p_m = \text{offset} + L_k - L_q + m`. Under a causal mask this is the paper's
+    :math:`\alpha_i\,(p_n - p_m)`; add ``create_causal_mask`` for a decoder. ``offset`` places
     the sequence as in the other encodings; only distances enter the bias.
     """
     L_k = seq_len_q if seq_len_k is None else seq_len_k
