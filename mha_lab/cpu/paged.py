@@ -111,11 +111,14 @@ class PagedKVCache:
             raise ValueError(f"no sequence {seq} in the cache (known: {sorted(self.tables)})")
 
     def _writable_block(self, seq: int) -> int:
-        """The block that position ``lengths[seq]`` goes to: a fresh one, or the last one copied if shared."""
+        """The block that position ``lengths[seq]`` goes to.
+
+        A fresh block when the last one is full; the last one, copied first if shared.
+        """
         table, a = self.tables[seq], self.allocator
-        if self.lengths[seq] % a.block_size == 0:  # the last block is full (or there is none)
+        if self.lengths[seq] % a.block_size == 0:  # last block full, or none yet
             table.append(a.allocate())
-        elif a.refcount[table[-1]] > 1:  # copy-on-write: others still read this block
+        elif a.refcount[table[-1]] > 1:  # copy-on-write: others still read it
             old, new = table[-1], a.allocate()
             a.k_pool[new], a.v_pool[new] = a.k_pool[old], a.v_pool[old]
             a.release(old)
@@ -137,14 +140,17 @@ class PagedKVCache:
             self.lengths[seq] += 1
 
     def gather(self, seq: int) -> tuple[np.ndarray, np.ndarray]:
-        """Sequence ``seq``'s keys and values read through its block table: two (h_kv, T, d_k) arrays."""
+        """Keys and values of ``seq`` through its block table: (h_kv, T, d_k) each."""
         self._check(seq)
         table, T = self.tables[seq], self.lengths[seq]
-        a = self.allocator
-        # (n_blocks, h_kv, block_size, d_k) -> (h_kv, n_blocks, block_size, d_k) -> (h_kv, n_blocks * bs, d_k)
-        k, v = (pool[table].transpose(1, 0, 2, 3).reshape(pool.shape[1], -1, pool.shape[3])[:, :T]
-                for pool in (a.k_pool, a.v_pool))
-        return k, v
+        out = []
+        for pool in (self.allocator.k_pool, self.allocator.v_pool):
+            _, h_kv, bs, d_k = pool.shape
+            # (n, h_kv, bs, d_k) -> (h_kv, n, bs, d_k) -> (h_kv, n * bs, d_k)
+            rows = pool[table].transpose(1, 0, 2, 3)
+            rows = rows.reshape(h_kv, len(table) * bs, d_k)
+            out.append(rows[:, :T])  # the last block's unused rows dropped
+        return out[0], out[1]
 
     def footprint(self) -> Footprint:
         """Positions stored and slots held (each shared block counted once)."""

@@ -102,14 +102,15 @@ def quantized_attention_error(q: np.ndarray, K: np.ndarray, V: np.ndarray, fmt: 
                               value_axis: Axis) -> tuple[float, float]:
     """Bytes per cached token and relative error of the attention output with K and V quantised.
 
-    Shapes: q (B, h, 1, d); K, V (B, h_kv, T, d). The error is max |o_q - o| / max |o|, with o the
-    float output; the bytes are those of K and V as stored, scales included, per token of one sequence.
+    Shapes: q (B, h, 1, d); K, V (B, h_kv, T, d). The error is ||o_q - o|| / ||o|| (Frobenius norms),
+    with o the float output; the bytes are those of K and V as stored, scales included, per token
+    of one sequence.
     """
     Kq, Vq = quantize(K, fmt, key_axis), quantize(V, fmt, value_axis)
     exact, _ = scaled_dot_product_attention(q, K, V, enable_gqa=True)
     approx, _ = scaled_dot_product_attention(q, Kq.dequantize(), Vq.dequantize(), enable_gqa=True)
     per_token = (Kq.nbytes + Vq.nbytes) / (K.shape[0] * K.shape[2])
-    return per_token, float(np.abs(approx - exact).max() / np.abs(exact).max())
+    return per_token, float(np.linalg.norm(approx - exact) / np.linalg.norm(exact))
 
 
 def keys_with_outliers(shape: tuple[int, ...], outlier_channels: list[int], magnitude: float,

@@ -47,14 +47,18 @@ def ntk_frequencies(dim: int, factor: float, base: float = 10000.0) -> np.ndarra
     return rope_frequencies(dim, base * factor ** (dim / (dim - 2)))
 
 
-def yarn_frequencies(dim: int, factor: float, original_len: int, base: float = 10000.0,
-                     alpha: float = 1.0, beta: float = 32.0) -> np.ndarray:
+def yarn_frequencies(dim: int, factor: float, original_len: int,
+                     base: float = 10000.0, alpha: float = 1.0,
+                     beta: float = 32.0) -> np.ndarray:
     r"""YaRN's "NTK-by-parts" frequencies.
 
-    .. math:: r_i = \frac{L}{\lambda_i}, \quad \gamma_i = \mathrm{clip}\Big(\frac{r_i - \alpha}{\beta - \alpha},
-              0, 1\Big), \quad f'_i = (1 - \gamma_i)\,\frac{f_i}{s} + \gamma_i\, f_i
+    .. math:: r_i = \frac{L}{\lambda_i}, \quad
+              \gamma_i = \mathrm{clip}\Big(\frac{r_i - \alpha}{\beta - \alpha},
+              0, 1\Big), \quad
+              f'_i = (1 - \gamma_i)\,\frac{f_i}{s} + \gamma_i\, f_i
 
-    ``original_len`` is the training length L; :math:`r_i` is how many turns pair i makes over it.
+    ``original_len`` is the training length L; :math:`r_i` is how many
+    turns pair i makes over it.
     """
     _check_factor(factor)
     f = rope_frequencies(dim, base)

@@ -46,7 +46,8 @@ def split_k_partials(q: np.ndarray, K: np.ndarray, V: np.ndarray, num_splits: in
     return m, l, acc
 
 
-def merge_partials(m: np.ndarray, l: np.ndarray, acc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def merge_partials(m: np.ndarray, l: np.ndarray,
+                   acc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Merge chunk states along axis 0 by their log-sum-exp; returns (output, lse).
 
     Shapes: m, l (S, ..., 1); acc (S, ..., d_v) -> output (..., d_v), lse (..., 1).

@@ -58,26 +58,31 @@ class SinkKVCache(KVCache):
         self.length += 1
 
 
-def attention_with_sink(Q: np.ndarray, K: np.ndarray, V: np.ndarray, sink_logits: np.ndarray,
-                        mask: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    r"""Attention whose softmax has one more column per head, the learned logit :math:`b_i`, dropped after.
+def attention_with_sink(
+    Q: np.ndarray, K: np.ndarray, V: np.ndarray, sink_logits: np.ndarray,
+    mask: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    r"""Attention with one more softmax column per head, the learned logit b_i.
 
     .. math:: A_{mn} = \frac{e^{s_{mn}}}{e^{b_i} + \sum_k e^{s_{mk}}}
 
-    Shapes: Q (B, h, L_q, d); K, V (B, h_kv, L_k, d) with h % h_kv == 0; sink_logits (h,);
-    mask additive, broadcastable to (B, h, L_q, L_k). Returns the output (B, h, L_q, d) and
-    the weights (B, h, L_q, L_k), whose rows sum to less than 1.
+    Shapes: Q (B, h, L_q, d); K, V (B, h_kv, L_k, d), h % h_kv == 0;
+    sink_logits (h,); mask additive, broadcastable to (B, h, L_q, L_k).
+    Returns the output (B, h, L_q, d) and the weights (B, h, L_q, L_k),
+    whose rows sum to less than 1: the sink column is dropped.
     """
     h = Q.shape[1]
     if np.shape(sink_logits) != (h,):
-        raise ValueError(f"sink_logits must have one logit per query head, shape ({h},), "
-                         f"got {np.shape(sink_logits)}")
+        raise ValueError(f"sink_logits must have one logit per query head, "
+                         f"shape ({h},), got {np.shape(sink_logits)}")
     n_rep = h // K.shape[1]
     K, V = repeat_kv(K, n_rep), repeat_kv(V, n_rep)  # (B, h, L_k, d)
-    scores = Q @ np.swapaxes(K, -1, -2) / np.sqrt(Q.shape[-1])  # (B, h, L_q, L_k)
+    # (B, h, L_q, L_k)
+    scores = Q @ np.swapaxes(K, -1, -2) / np.sqrt(Q.shape[-1])
     if mask is not None:
         scores = scores + mask
-    sink = np.broadcast_to(np.asarray(sink_logits, float)[None, :, None, None], scores.shape[:3] + (1,))
+    b = np.asarray(sink_logits, float)[None, :, None, None]  # (1, h, 1, 1)
+    sink = np.broadcast_to(b, scores.shape[:3] + (1,))  # (B, h, L_q, 1)
     # (B, h, L_q, L_k + 1): the sink column joins the softmax, then is dropped
     weights = softmax(np.concatenate([scores, sink], axis=-1))[..., :-1]
     return weights @ V, weights
