@@ -268,7 +268,8 @@ def test_chapter_does_not_redefine_package_code(stem):
 
 def test_grading_page_has_a_section_per_assignment():
     text = page_source("11_grading").read_text()
-    for n, name in enumerate(["ps1_per_head_loop", "ps2_mqa", "ps3_memory_efficient", "ps4_backward"], start=1):
+    names = ["ps1_per_head_loop", "ps2_mqa", "ps3_memory_efficient", "ps4_backward", "ps5_decoding"]
+    for n, name in enumerate(names, start=1):
         assert f"(assignment-ps{n})=" in text, f"11_grading.md lacks the label assignment-ps{n}"
         assert f"{{download}}`../assignments/{name}/{name}.ipynb`" in text or (
             f"<../assignments/{name}/{name}.ipynb>`" in text

@@ -21,7 +21,8 @@ import numpy as np
 from mha_lab.cpu.attention import GroupedQueryAttention
 from mha_lab.cpu.functional import check_rank, scaled_dot_product_attention
 
-__all__ = ["BlockAllocator", "PagedKVCache", "paged_decode_step", "Footprint", "contiguous_footprint"]
+__all__ = ["BlockAllocator", "PagedKVCache", "paged_decode_step", "Footprint", "contiguous_footprint",
+           "pack_sequences"]
 
 
 class BlockAllocator:
@@ -197,3 +198,27 @@ def contiguous_footprint(lengths: list[int], max_len: int) -> Footprint:
     if max(lengths) > max_len:
         raise ValueError(f"a sequence of {max(lengths)} positions does not fit max_len={max_len}")
     return Footprint(tokens=sum(lengths), slots=len(lengths) * max_len)
+
+
+def pack_sequences(keys: list[np.ndarray], values: list[np.ndarray], block_size: int, capacity: int,
+                   seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Scatter per-sequence caches into one pool of blocks in shuffled order, as a busy server's pool looks.
+
+    keys, values: one (h_kv, T_b, d_k) array per sequence. Each table covers ``capacity`` positions
+    (rounded up to whole blocks, at least every T_b); slots that store nothing hold noise, so that
+    reading past a sequence's end shows. Returns k_pool, v_pool (N, h_kv, block_size, d_k),
+    block_tables (B, capacity / block_size) of ints and lengths (B,) = the T_b.
+    """
+    if max(k.shape[1] for k in keys) > capacity:
+        raise ValueError(f"a sequence is longer than the capacity {capacity}")
+    rng = np.random.default_rng(seed)
+    per_seq = -(-capacity // block_size)
+    h_kv, d_k = keys[0].shape[0], keys[0].shape[2]
+    shape = (len(keys) * per_seq, h_kv, block_size, d_k)  # (N, h_kv, block_size, d_k)
+    k_pool, v_pool = rng.standard_normal(shape), rng.standard_normal(shape)
+    tables = rng.permutation(shape[0]).reshape(len(keys), per_seq)  # (B, blocks per sequence)
+    for b, (k, v) in enumerate(zip(keys, values, strict=True)):
+        for p in range(k.shape[1]):
+            k_pool[tables[b, p // block_size], :, p % block_size] = k[:, p]
+            v_pool[tables[b, p // block_size], :, p % block_size] = v[:, p]
+    return k_pool, v_pool, tables, np.array([k.shape[1] for k in keys])
