@@ -5,7 +5,13 @@ import numpy as np
 import pytest
 
 from mha_lab.cpu import GroupedQueryAttention, KVCache, decode_step
-from mha_lab.cpu.paged import BlockAllocator, PagedKVCache, contiguous_footprint, paged_decode_step
+from mha_lab.cpu.paged import (
+    BlockAllocator,
+    PagedKVCache,
+    contiguous_footprint,
+    pack_sequences,
+    paged_decode_step,
+)
 from mha_lab.cpu.positions import RotaryAttention
 from mha_lab.testing import assert_close
 
@@ -109,3 +115,18 @@ def test_paged_memory_wastes_less_than_a_block_per_sequence():
     contiguous = contiguous_footprint(lengths, max_len)
     assert contiguous.slots == len(lengths) * max_len and contiguous.waste > fp.waste
     assert fp.waste == pytest.approx(1 - 119 / 136)
+
+
+def test_packed_sequences_read_back_through_their_tables():
+    rng = np.random.default_rng(7)
+    keys = [rng.standard_normal((2, n, 3)) for n in (5, 0, 9)]
+    values = [rng.standard_normal((2, n, 3)) for n in (5, 0, 9)]
+    k_pool, v_pool, tables, lengths = pack_sequences(keys, values, block_size=4, capacity=10, seed=1)
+    assert tables.shape == (3, 3) and sorted(tables.ravel()) == list(range(9)) and lengths.tolist() == [5, 0, 9]
+    for b, n in enumerate(lengths):
+        for pool, want in ((k_pool, keys[b]), (v_pool, values[b])):
+            read = pool[tables[b]].transpose(1, 0, 2, 3).reshape(2, -1, 3)  # (h_kv, 12, d_k)
+            np.testing.assert_array_equal(read[:, :n], want)
+            assert not np.any(read[:, n:] == 0)  # the unused slots hold noise, not zeros
+    with pytest.raises(ValueError, match="longer than the capacity"):
+        pack_sequences(keys, values, block_size=4, capacity=8)
