@@ -36,6 +36,7 @@ PAGES = {
     "06_flops_memory": "ch-flops",
     "07_gqa_mqa": "ch-gqa",
     "08_memory_efficient": "ch-memory",
+    "decoding": "ch-decoding",
     "09_tensor_parallel": "ch-tp",
     "10_pitfalls": "ch-pitfalls",
     "11_grading": "ch-grading",
@@ -47,6 +48,8 @@ BIB_KEYS = {
     "dao2023flashattention2", "rabe2021self", "shoeybi2019megatron", "milakov2018online",
     "su2021roformer", "press2022alibi", "haviv2022transformer", "kazemnejad2023impact",
     "deepseek2024v2", "nvidia2022h100", "nvidia2024cuda", "jiang2023mistral",
+    "kwon2023paged", "dao2023flashdecoding", "xiao2023streaming", "openai2025gptoss", "liu2024kivi",
+    "hooper2024kvquant", "chen2023position", "peng2023yarn", "grattafiori2024llama3",
 }
 
 
@@ -239,7 +242,7 @@ def test_chapter_links_a_graded_assignment(stem):
     md = page_source(stem)
     if not md.exists():
         pytest.fail(f"{md.relative_to(ROOT)} does not exist")
-    assert re.search(r"\{ref\}`(?:[^`<]*<)?assignment-ps[1-4]>?`", md.read_text()), (
+    assert re.search(r"\{ref\}`(?:[^`<]*<)?assignment-ps[1-5]>?`", md.read_text()), (
         f"{md.name} does not link a graded assignment ({{ref}}`assignment-psN`)"
     )
 
@@ -265,7 +268,8 @@ def test_chapter_does_not_redefine_package_code(stem):
 
 def test_grading_page_has_a_section_per_assignment():
     text = page_source("11_grading").read_text()
-    for n, name in enumerate(["ps1_per_head_loop", "ps2_mqa", "ps3_memory_efficient", "ps4_backward"], start=1):
+    names = ["ps1_per_head_loop", "ps2_mqa", "ps3_memory_efficient", "ps4_backward", "ps5_decoding"]
+    for n, name in enumerate(names, start=1):
         assert f"(assignment-ps{n})=" in text, f"11_grading.md lacks the label assignment-ps{n}"
         assert f"{{download}}`../assignments/{name}/{name}.ipynb`" in text or (
             f"<../assignments/{name}/{name}.ipynb>`" in text

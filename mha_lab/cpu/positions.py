@@ -25,7 +25,7 @@ from mha_lab.cpu.attention import GroupedQueryAttention
 from mha_lab.cpu.functional import scaled_dot_product_attention
 
 __all__ = [
-    "sinusoidal_encoding", "LearnedPositions", "rope_angles", "apply_rope", "rotation_matrix",
+    "sinusoidal_encoding", "LearnedPositions", "rope_angles", "apply_rope", "rotate_pairs", "rotation_matrix",
     "interleaved_to_half", "RotaryAttention", "alibi_slopes", "alibi_bias",
 ]
 
@@ -105,7 +105,15 @@ def apply_rope(x: np.ndarray, positions: np.ndarray, layout: Layout = "half",
     if positions.shape != (x.shape[-2],):
         raise ValueError(f"positions must have shape (L,) = ({x.shape[-2]},), "
                          f"got {positions.shape}")
-    angles = rope_angles(positions, dim, base)  # (L, d/2)
+    return rotate_pairs(x, rope_angles(positions, dim, base), layout)
+
+
+def rotate_pairs(x: np.ndarray, angles: np.ndarray, layout: Layout = "half") -> np.ndarray:
+    """Rotate pair i of the vector at row p by ``angles[p, i]``; RoPE's step once the angles are known.
+
+    Shapes: x (..., L, d), angles (L, d/2) -> (..., L, d).
+    """
+    dim = x.shape[-1]
     cos, sin = np.cos(angles), np.sin(angles)
     a, b = _pairs(layout, dim)
     out = np.empty(np.broadcast_shapes(x.shape, (x.shape[-2], dim)))

@@ -15,7 +15,17 @@ from pathlib import Path
 
 import numpy as np
 
-from mha_lab.cpu import GroupedQueryAttention, MultiHeadAttention, create_causal_mask, scaled_dot_product_attention
+from mha_lab.cpu import (
+    GroupedQueryAttention,
+    MultiHeadAttention,
+    RotaryAttention,
+    apply_rope,
+    create_causal_mask,
+    scaled_dot_product_attention,
+    split_heads,
+)
+from mha_lab.cpu.paged import pack_sequences
+from mha_lab.cpu.split_k import split_k_partials
 from mha_lab.measure import traced_memory
 
 __all__ = ["FILENAME", "VALUES", "main"]
@@ -95,8 +105,36 @@ def _ps4() -> dict[str, np.ndarray]:
     return values
 
 
+def _ps5() -> dict[str, np.ndarray]:
+    x = np.random.default_rng(0).standard_normal((2, 3, 4, 8))  # (B, h, L, d)
+    positions = np.arange(5, 9)
+    layer = RotaryAttention(d_model=16, num_heads=4, seed=5)
+    rng = np.random.default_rng(6)
+    cached = [5, 2, 9]  # positions each sequence has cached
+    X = [rng.standard_normal((1, t + 3, 16)) for t in cached]  # each: its cached tokens, then 3 new ones
+    keys = [layer.rotate(split_heads(Xb @ layer.W_K, 4), 0)[0] for Xb in X]  # (h, T + 3, d_k), rotated
+    values = [split_heads(Xb @ layer.W_V, 4)[0] for Xb in X]
+    k_pool, v_pool, tables, lengths = pack_sequences([k[:, :t] for k, t in zip(keys, cached, strict=True)],
+                                                     [v[:, :t] for v, t in zip(values, cached, strict=True)],
+                                                     block_size=4, capacity=16, seed=7)
+    # each sequence's causal forward, at its three new positions: (B, 3, d_model)
+    out = np.concatenate([layer.forward(Xb, create_causal_mask(Xb.shape[1]))[:, -3:] for Xb in X])
+    q, K, V = (np.random.default_rng(8).standard_normal(s) for s in ((2, 3, 1, 8), (2, 3, 40, 8), (2, 3, 40, 8)))
+    m, l, acc = split_k_partials(q, K, V, num_splits=4)
+    big = 1000.0 * q  # scores in the thousands, with row maxima thousands apart
+    m_big, l_big, acc_big = split_k_partials(big, K, V, num_splits=4)
+    return {"rope_x": x, "rope_positions": positions, "rope_out": apply_rope(x, positions),
+            **_weights(layer, "paged_"), "paged_X_new": np.concatenate([Xb[:, -3:] for Xb in X]),
+            "paged_k_pool": k_pool, "paged_v_pool": v_pool, "paged_tables": tables, "paged_lengths": lengths,
+            "paged_k_new": np.stack([k[:, t] for k, t in zip(keys, cached, strict=True)]), "paged_out": out,
+            "merge_m": m, "merge_l": l, "merge_acc": acc, "merge_out": scaled_dot_product_attention(q, K, V)[0],
+            "merge_large_m": m_big, "merge_large_l": l_big, "merge_large_acc": acc_big,
+            "merge_large_out": scaled_dot_product_attention(big, K, V)[0]}
+
+
 VALUES: dict[str, Callable[[], dict[str, np.ndarray]]] = {
-    "ps1_per_head_loop": _ps1, "ps2_mqa": _ps2, "ps3_memory_efficient": _ps3, "ps4_backward": _ps4}
+    "ps1_per_head_loop": _ps1, "ps2_mqa": _ps2, "ps3_memory_efficient": _ps3, "ps4_backward": _ps4,
+    "ps5_decoding": _ps5}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
