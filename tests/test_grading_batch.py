@@ -44,7 +44,7 @@ def _defines(student, name):
 
 def _grader_dies(student):
     """This course's stand-in for a Dask worker that dies while it grades (the OOM killer, a lost node)."""
-    first = Path(__file__).with_name("died_once")
+    first = Path(os.environ["MHA_LAB_HIDDEN_DIR"], "died_once")  # the checks travel to each worker as text
     if _defines(student, "grader_dies_always") or (_defines(student, "grader_dies_once") and not first.exists()):
         first.touch()
         os.kill(os.getpid(), signal.SIGKILL)

@@ -1,6 +1,7 @@
 """Grade one submission (``grade_submission``: its notebooks, merged with the release, run in a sandbox;
-every tests cell is judged here), or a class on Dask ``distributed`` (``grade_class``: a task whose worker
-dies is tried once more). The gradebook, autograded notebooks and feedback are written after the sandboxes.
+every tests cell is judged here), or a class on Dask ``distributed`` (``grade_class``: each submission
+travels to a worker as bytes, ``grade_packed``; a task whose worker dies is tried once more). Only the client
+writes the gradebook, autograded notebooks and feedback, after the sandboxes.
 """
 
 from __future__ import annotations
@@ -17,12 +18,12 @@ import nbformat
 from tqdm import tqdm
 
 from mha_lab.grading import course as courses
-from mha_lab.grading import judge
+from mha_lab.grading import judge, transport
 from mha_lab.grading.remote import RemoteSubmission
 from mha_lab.grading.sandbox import Limits
 from mha_lab.grading.worker import OUTPUT_CHARS
 
-__all__ = ["CellResult", "StudentResult", "grade_submission", "record", "dask_client", "grade_class"]
+__all__ = ["CellResult", "StudentResult", "grade_submission", "grade_packed", "record", "dask_client", "grade_class"]
 
 DEFAULT_LIMITS = Limits()
 
@@ -99,6 +100,40 @@ def grade_submission(folder: Path, releases: dict[str, dict], hidden: Path, limi
     return result
 
 
+def grade_packed(packed: transport.Packed, assignment: transport.Assignment, limits: Limits = DEFAULT_LIMITS, *,
+                 student: str, queued_at: float | None = None) -> StudentResult:
+    """On a grading worker: unpack the submission into a private temporary folder and grade it there against
+    ``assignment`` (its release and hidden checks, sent once per worker); both folders are gone afterwards."""
+    if packed.error:
+        return StudentResult(student, error=packed.error)
+    try:
+        with transport.unpacked(packed, assignment.name) as folder, transport.hidden_checks(assignment) as hidden:
+            return grade_submission(folder, assignment.releases, hidden, limits, student=student,
+                                    queued_at=queued_at)
+    except ValueError as exc:
+        return StudentResult(student, error=str(exc))
+
+
+def _on_worker(assignment: transport.Assignment) -> Any:
+    """A Dask worker plugin that holds ``assignment`` on every worker, those that join or restart later too."""
+    from distributed.diagnostics.plugin import WorkerPlugin
+
+    class Held(WorkerPlugin):
+        name = f"mha_lab:{assignment.name}:{hash((assignment.hidden_source, repr(assignment.releases))):x}"
+
+        def __init__(self) -> None:
+            self.assignment = assignment
+
+    return Held()
+
+
+def _grade_held(packed: transport.Packed, plugin: str, limits: Limits, **kwargs: Any) -> StudentResult:
+    """``grade_packed`` with the assignment the worker holds (``_on_worker``)."""
+    from distributed import get_worker
+
+    return grade_packed(packed, get_worker().plugins[plugin].assignment, limits, **kwargs)
+
+
 def _definitions(code: list[nbformat.NotebookNode]) -> tuple[list[str], list[str]]:
     """The code cells before the first answer cell, then up to the last one those that are not tests."""
     answers = [i for i, c in enumerate(code) if c.metadata.get("nbgrader", {}).get("solution")] or [0]
@@ -162,12 +197,16 @@ def grade_class(course: Path, assignment: str, *, students: Iterable[str] | None
     from distributed import as_completed
 
     course = Path(course).resolve()
-    releases, hidden = courses.register(course, assignment), judge.hidden_module(assignment, course)
+    work = transport.Assignment(assignment, courses.register(course, assignment),
+                                judge.hidden_module(assignment, course).read_text())
     names = sorted(students) if students is not None else courses.students(course, assignment)
     results: dict[str, StudentResult] = {}
     with nullcontext(client) if client is not None else dask_client(jobs, scheduler) as client:
-        futures = {client.submit(grade_submission, course / "submitted" / s / assignment, releases, hidden, limits,
-                                 student=s, queued_at=time.time(), pure=False, retries=1): s for s in names}
+        plugin = _on_worker(work)  # the release and hidden checks go to each worker once, not with each task
+        client.register_plugin(plugin)
+        futures = {client.submit(_grade_held, transport.pack(course / "submitted" / s / assignment, limits.scratch),
+                                 plugin.name, limits, student=s, queued_at=time.time(), pure=False, retries=1): s
+                   for s in names}
         with tqdm(total=len(names), desc=f"grade {assignment}", unit="submission", disable=not progress) as bar:
             for future in as_completed(futures):
                 s = futures[future]

@@ -1,0 +1,341 @@
+"""LTI 1.3 grade passback (``python -m mha_lab export --lti``) against a platform built on ``lti1p3platform``:
+its token endpoint (client credentials with a signed assertion) and its AGS and NRPS services, served on
+127.0.0.1. The library leaves storage and HTTP to its user; the store below is a dict and the server is
+``http.server``. Two gaps of the library are worked around by the client, and shown here: its line-item and
+result containers are paginated objects (``{"content": [...]}``) where LTI sends an array, and it checks
+neither the client assertion's nor the token's audience.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import parse_qsl, urlsplit
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+
+from mha_lab.instructor import lms, lti
+
+ltiplatform = pytest.importorskip("lti1p3platform.ltiplatform")
+from lti1p3platform.registration import Registration as PlatformRegistration  # noqa: E402
+from lti1p3platform.request import Request  # noqa: E402
+from lti1p3platform.score import UpdateScoreStatus  # noqa: E402
+from lti1p3platform.service_connector import (  # noqa: E402
+    AssignmentsGradesService,
+    NamesRoleProvisioningService,
+)
+
+pytestmark = pytest.mark.timeout(120)
+
+LEARNER = "http://purl.imsglobal.org/vocab/lis/v2/membership#Learner"
+TEACHER = "http://purl.imsglobal.org/vocab/lis/v2/membership#Instructor"
+
+
+def _pem() -> tuple[str, str]:
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    private = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                serialization.NoEncryption()).decode()
+    public = key.public_key().public_bytes(serialization.Encoding.PEM,
+                                           serialization.PublicFormat.SubjectPublicKeyInfo).decode()
+    return private, public
+
+
+@dataclass
+class Store:
+    """The platform's state: the roster, line items, scores, and faults to inject into score posts."""
+
+    members: list[dict]
+    lineitems: dict[str, dict] = field(default_factory=dict)
+    scores: dict[str, dict[str, dict]] = field(default_factory=dict)  # line item id -> user -> last score
+    ok_scores: int | None = None  # score posts that succeed before every later one fails with a 500
+    busy: int = 0  # score posts answered 503 or 429 (alternately), counted down, before they succeed
+    log: list[str] = field(default_factory=list)
+
+
+class _Conf(ltiplatform.LTI1P3PlatformConfAbstract):
+    def init_platform_config(self, registration: PlatformRegistration) -> None:
+        self._registration = registration
+
+    def get_registration_by_params(self, **kwargs: object) -> PlatformRegistration:
+        return self._registration
+
+
+class _Request(Request):
+    def build_metadata(self, request: dict) -> dict:
+        return request
+
+
+def _page(items: list[dict]) -> dict:
+    return {"content": items, "has_next": False, "next": None}
+
+
+class _Grades(AssignmentsGradesService):
+    store: Store
+    base: str
+
+    def find_lineitems(self, page=1, limit=None, line_item_id=None, resource_link_id=None, resource_id=None,
+                       tag=None) -> dict:
+        items = [i for i in self.store.lineitems.values() if (resource_id is None or i["resourceId"] == resource_id)
+                 and (tag is None or i.get("tag") == tag)]
+        return _page(items)
+
+    def find_lineitem(self, line_item_id: str) -> dict:
+        return self.store.lineitems[f"{self.base}/lineitems/{line_item_id}"]
+
+    def create_lineitem(self, creation_data: dict) -> dict:
+        item = {**creation_data, "id": f"{self.base}/lineitems/{len(self.store.lineitems) + 1}"}
+        self.store.lineitems[item["id"]] = item
+        return item
+
+    def update_lineitem(self, update_data: dict) -> dict:
+        raise NotImplementedError
+
+    def delete_lineitem(self, line_item_id: str) -> None:
+        raise NotImplementedError
+
+    def update_score(self, line_item_id: str, score: dict) -> UpdateScoreStatus:
+        self.store.scores.setdefault(f"{self.base}/lineitems/{line_item_id}", {})[score["userId"]] = score
+        return UpdateScoreStatus.SUCCESS
+
+    def get_results(self, line_item_id: str, page=1, limit=None, user_id=None) -> dict:
+        item = f"{self.base}/lineitems/{line_item_id}"
+        return _page([{"id": f"{item}/results/{u}", "userId": u, "resultScore": s.get("scoreGiven"),
+                       "resultMaximum": s["scoreMaximum"], "scoreOf": item}
+                      for u, s in self.store.scores.get(item, {}).items()])
+
+
+class _Roster(NamesRoleProvisioningService):
+    store: Store
+
+    def get_member_data_page(self, page=1, limit=None, role=None, since=None) -> dict:
+        return _page([dict(m) for m in self.store.members])
+
+    def get_context_by_id(self):
+        from lti1p3platform.membership import Context
+
+        return Context(id="course-7", label="MHA", title="Multi-head attention")
+
+
+class Platform:
+    """An LTI 1.3 platform on 127.0.0.1 with one tool registered (``tool_public_key``)."""
+
+    def __init__(self, store: Store, tool_public_key_set: dict) -> None:
+        self.store = store
+        private, public = _pem()
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.registration = (PlatformRegistration().set_iss(self.url).set_client_id("tool-1")
+                             .set_deployment_id("deploy-1").set_platform_public_key(public)
+                             .set_platform_private_key(private).set_tool_key_set(tool_public_key_set))
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> Platform:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        platform = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:  # quiet
+                pass
+
+            def _answer(self, code: int, body: object, media: str = "application/json") -> None:
+                data = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", media)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _route(self, method: str) -> None:
+                parts = urlsplit(self.path)
+                raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                platform.store.log.append(f"{method} {parts.path}")
+                request = _Request({"method": method, "path": parts.path, "headers": dict(self.headers),
+                                    "get_data": dict(parse_qsl(parts.query)), "content_type": self.headers.get(
+                                        "Content-Type"), "form_data": dict(parse_qsl(raw.decode())),
+                                    "json": json.loads(raw) if raw and "json" in (self.headers.get(
+                                        "Content-Type") or "") else None})
+                conf = _Conf(registration=platform.registration)
+                if parts.path == "/token":
+                    try:
+                        return self._answer(200, conf.get_access_token(request.form_data))
+                    except Exception as exc:  # noqa: BLE001 - a refused client, as a platform answers it
+                        return self._answer(401, {"error": "invalid_client", "detail": str(exc)})
+                match = re.fullmatch(r"/lineitems(?:/(\d+))?(/scores|/results)?", parts.path)
+                if parts.path == "/memberships":
+                    service = _Roster(request, conf, f"{platform.url}/memberships")
+                    service.store = platform.store
+                    call = service.handle_get_members
+                elif match:
+                    service = _Grades(request, conf, f"{platform.url}/lineitems")
+                    service.store, service.base = platform.store, platform.url
+                    number, tail = match.groups()
+                    if tail == "/scores" and platform.store.busy:
+                        platform.store.busy -= 1
+                        code = 429 if platform.store.busy % 2 else 503
+                        return self._answer(code, {"error": "busy"})
+                    if tail == "/scores" and platform.store.ok_scores is not None:
+                        if platform.store.ok_scores == 0:
+                            return self._answer(500, {"error": "failure"})
+                        platform.store.ok_scores -= 1
+                    call = {(None, "GET"): service.handle_get_lineitems, (None, "POST"): service.handle_create_lineitem,
+                            ("/scores", "POST"): lambda: service.handle_update_score(number),
+                            ("/results", "GET"): lambda: service.handle_get_results(number)}.get((tail, method))
+                else:
+                    call = None
+                if call is None:
+                    return self._answer(404, {"error": "no such endpoint"})
+                try:
+                    reply = call()
+                except Exception as exc:  # noqa: BLE001 - a token that does not verify
+                    return self._answer(401, {"error": str(exc)})
+                self._answer(reply.code, reply.result, reply.media_type)
+
+            def do_GET(self) -> None:  # noqa: N802
+                self._route("GET")
+
+            def do_POST(self) -> None:  # noqa: N802
+                self._route("POST")
+
+        return Handler
+
+
+def _members() -> list[dict]:
+    people = [("u1", "ana", LEARNER), ("u2", "ben", LEARNER), ("u3", "cat", LEARNER), ("u4", "dan", LEARNER),
+              ("u9", "zed", LEARNER), ("t1", "prof", TEACHER)]
+    return [{"user_id": u, "lis_person_sourcedid": sis, "roles": [role], "status": "Active"}
+            for u, sis, role in people]
+
+
+def _grades(ana: float = 19.8) -> dict[tuple[str, str], lms.Grade]:
+    a = "ps2_mqa"
+    return {("ana", a): lms.Grade("ana", a, "graded", ana, 22.0, 2.2, 24.0),
+            ("ben", a): lms.Grade("ben", a, "not submitted", max_score=24.0),
+            ("cat", a): lms.Grade("cat", a, "not graded", max_score=24.0),
+            ("dan", a): lms.Grade("dan", a, "graded", 24.0, 24.0, 0.0, 24.0),
+            ("eve", a): lms.Grade("eve", a, "graded", 12.0, 12.0, 0.0, 24.0)}
+
+
+@pytest.fixture
+def tool(tmp_path: Path) -> tuple[str, dict]:
+    private, _ = _pem()
+    (tmp_path / "tool.pem").write_text(private)
+    return "tool.pem", lti.public_key_set(lti.Registration("tool-1", "deploy-1", "", private, "k1", "", ""))
+
+
+@pytest.fixture
+def platform(tool: tuple[str, dict]) -> Iterator[Platform]:
+    with Platform(Store(_members()), tool[1]) as p:
+        yield p
+
+
+def _config(tmp_path: Path, platform: Platform, key: str = "tool.pem", **extra: object) -> Path:
+    lines = {"client_id": "tool-1", "deployment_id": "deploy-1", "token_url": f"{platform.url}/token",
+             "private_key": key, "key_id": "k1", "lineitems_url": f"{platform.url}/lineitems",
+             "memberships_url": f"{platform.url}/memberships", "issuer": platform.url, "backoff": 0.01, **extra}
+    path = tmp_path / "lti.toml"
+    path.write_text("".join(f"{k} = {json.dumps(v)}\n" for k, v in lines.items()))
+    return path
+
+
+def _export(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, grades: dict, *args: str) -> int:
+    monkeypatch.setattr(lms, "read_grades", lambda course: grades)
+    return lms.main(["--course", str(tmp_path), *args])
+
+
+def _read_back(platform: Platform, tmp_path: Path) -> dict[str, dict[str, float | None]]:
+    """resourceId -> LTI user -> resultScore, read through the platform's own AGS endpoints."""
+    client = lti.Client(lti.load(_config(tmp_path, platform)))
+    return {item["resourceId"]: {r["userId"]: r["resultScore"] for r in client.results(item["id"])}
+            for item in platform.store.lineitems.values()}
+
+
+def test_round_trip_posts_final_scores_once_and_updates_them(platform, tmp_path, monkeypatch, capsys):
+    config = _config(tmp_path, platform)
+    assert _export(monkeypatch, tmp_path, _grades(), "--lti", str(config), "ps2_mqa") == 0
+    out = capsys.readouterr().out
+    assert "posted ps2_mqa ana: 19.8" in out and "created the line item of ps2_mqa" in out
+    assert "graded but not on the platform's roster: eve" in out  # reported, never guessed
+    assert "learners on the roster that match no student: u9" not in out  # zed: on the roster, no grade row
+    (item,) = platform.store.lineitems.values()
+    assert (item["resourceId"], item["tag"], item["scoreMaximum"]) == ("ps2_mqa", "mha_lab", 24.0)
+    assert _read_back(platform, tmp_path) == {"ps2_mqa": {"u1": 19.8, "u4": 24.0}}  # ben, cat: nothing, not 0
+    posted = platform.store.scores[item["id"]]["u1"]
+    assert (posted["activityProgress"], posted["gradingProgress"]) == ("Completed", "FullyGraded")
+
+    assert _export(monkeypatch, tmp_path, _grades(ana=21.0), "--lti", str(config)) == 0  # a regrade
+    assert len(platform.store.lineitems) == 1  # found by resourceId and tag, not created again
+    assert _read_back(platform, tmp_path) == {"ps2_mqa": {"u1": 21.0, "u4": 24.0}}
+
+
+def test_dry_run_posts_nothing(platform, tmp_path, monkeypatch, capsys):
+    assert _export(monkeypatch, tmp_path, _grades(), "--lti", str(_config(tmp_path, platform)), "--dry-run") == 0
+    out = capsys.readouterr().out
+    assert "would post ps2_mqa ana: 19.8" in out and "would create the line item of ps2_mqa" in out
+    assert platform.store.lineitems == {} and platform.store.scores == {}
+    assert not [entry for entry in platform.store.log if entry.startswith("POST /lineitems")]
+
+
+def test_a_token_signed_with_the_wrong_key_is_refused(platform, tmp_path, monkeypatch, capsys):
+    (tmp_path / "other.pem").write_text(_pem()[0])
+    config = _config(tmp_path, platform, key="other.pem")
+    assert _export(monkeypatch, tmp_path, _grades(), "--lti", str(config)) == 1
+    assert "/token: 401" in capsys.readouterr().err
+    assert platform.store.lineitems == {} and platform.store.scores == {}
+
+
+def test_a_platform_failing_half_way_is_finished_by_a_second_run(platform, tmp_path, monkeypatch, capsys):
+    config = _config(tmp_path, platform, retries=1)
+    platform.store.ok_scores = 1  # ana's score goes through, then the platform fails every score
+    assert _export(monkeypatch, tmp_path, _grades(), "--lti", str(config)) == 1
+    err = capsys.readouterr().err
+    assert "FAILED ps2_mqa dan" in err and "run the same command again" in err
+    assert _read_back(platform, tmp_path) == {"ps2_mqa": {"u1": 19.8}}
+    platform.store.ok_scores = None
+    assert _export(monkeypatch, tmp_path, _grades(), "--lti", str(config)) == 0
+    assert len(platform.store.lineitems) == 1
+    assert _read_back(platform, tmp_path) == {"ps2_mqa": {"u1": 19.8, "u4": 24.0}}
+
+
+def test_busy_replies_are_retried_with_back_off(platform, tmp_path):
+    platform.store.busy = 3  # 503, 429, 503 before the first score goes through
+    client = lti.Client(lti.load(_config(tmp_path, platform)), log=lambda line: None)
+    out = lti.post_grades(client, _grades(), ["ps2_mqa"])
+    assert out.failed == [] and [s for s, _, _ in out.posted] == ["ana", "dan"]
+    assert sum(entry.endswith("/scores") for entry in platform.store.log) == 2 + 3
+
+
+def test_pending_and_an_ambiguous_roster(platform, tmp_path):
+    platform.store.members.append({"user_id": "u5", "lis_person_sourcedid": "dan", "roles": [LEARNER]})
+    client = lti.Client(lti.load(_config(tmp_path, platform, pending=True)))
+    out = lti.post_grades(client, _grades(), ["ps2_mqa"])
+    assert out.unmatched_members == ["u4", "u5"] and "dan" in out.unmatched_students  # two "dan"s: no one
+    (item,) = platform.store.scores.values()
+    assert set(item) == {"u1", "u3"}
+    assert item["u3"]["gradingProgress"] == "Pending" and "scoreGiven" not in item["u3"]  # cat: not graded
+    assert ("ben", "ps2_mqa", "not submitted") in out.skipped
+
+
+def test_config_errors_name_the_key(tmp_path):
+    (tmp_path / "bad.toml").write_text('client_id = "x"\ncolour = "red"\n')
+    with pytest.raises(ValueError, match="missing deployment_id.*unknown colour"):
+        lti.load(tmp_path / "bad.toml")
+
+
+def test_jwks_is_the_public_half_of_the_configured_key(platform, tmp_path, capsys, tool):
+    assert lms.main(["--lti-jwks", str(_config(tmp_path, platform))]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == tool[1] and "d" not in printed["keys"][0]  # no private exponent
