@@ -276,8 +276,9 @@ def test_every_chapters_self_checks_work_offline(built_site: Path, server: str, 
     for chapter in chapters():
         path = f"{chapter}.html"
         context, page, errors, blocked = open_offline(browser, server, path)
+        written = len(SELF_CHECK.findall((REPO / f"{chapter}.md").read_text()))
         count = page.locator("div.self-check").count()
-        problems = [] if 3 <= count <= 5 else [f"{count} self-checks, not 3-5"]
+        problems = [] if count == written else [f"{count} self-checks shown of {written} written (see the build log)"]
         problems += answer_every_question(page) + errors + [f"request to another host: {u}" for u in blocked]
         context.close()
         if problems:

@@ -24,8 +24,13 @@ A choice question opens with a bullet list of its choices (shown as A, B, C...);
 number of the right one, counted from 1. A number question names with ``:number:`` a value glued on
 the same page by a hidden cell (``glue(key, value, display=False)``), so that the answer is computed by
 ``mha_lab`` when the book builds; ``:format:`` is how the answer is shown (a format spec, default
-``.3g``), ``:unit:`` what follows it, ``:tolerance:`` the relative error still accepted (default 0.02;
-the shown, rounded answer is accepted too). What follows the list, or the options, is the one-line why.
+``.3g``; ``d`` or ``,d`` for a whole number), ``:unit:`` what follows it, ``:tolerance:`` the
+relative error still accepted (default 0.02; the shown, rounded answer is accepted too). What
+follows the list, or the options, is the one-line why.
+
+A new chapter gets its checks the same way: a "## Self-check" section just before its exercises,
+with one hidden cell that glues the numbers its questions name (``tests/test_selfcheck.py`` asks
+for 3-5 questions in every numbered chapter of ``_toc.yml``).
 
 The page stays readable without JavaScript: the answer and why are a closed ``<details>`` block.
 ``book/_static/self-check.js`` turns the choices into buttons and adds an input box to number
@@ -126,7 +131,8 @@ class SelfCheck(SphinxDirective):
         """Fill ``box``'s data from the glued value; return the answer as shown (formatted, with its unit)."""
         try:
             value = glued_number(self.state.document, self.options["number"])
-            text = format(value, self.options.get("format", DEFAULT_FORMAT))
+            spec = self.options.get("format", DEFAULT_FORMAT)
+            text = format(int(value) if spec.endswith("d") and value.is_integer() else value, spec)
             rounded = float(text.replace(",", ""))
             tolerance = float(self.options.get("tolerance", DEFAULT_TOLERANCE))
             if not 0 <= tolerance < 1:
