@@ -1,0 +1,286 @@
+"""The self-checks that close every chapter (``self-check``, book/_ext/self_check.py and its script).
+
+Three layers: the chapters' sources (each chapter has a "Self-check" section of 3-5 questions before
+its exercises); the directive on a one-page project built here in seconds (it renders, refuses a
+malformed question, and in headless Chromium marks a wrong answer wrong and the right one right);
+and the built site, where every question of every chapter is answered wrong, then right, offline and
+without a console error.
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import io
+import re
+import threading
+from pathlib import Path
+
+import nbformat
+import pytest
+import yaml
+from test_site import CHROMIUM, CHROMIUM_ARGS, _QuietHandler, needs_chromium, server  # noqa: F401 - fixture
+
+REPO = Path(__file__).resolve().parents[1]
+EXT = REPO / "book" / "_ext"
+SELF_CHECK = re.compile(r"^(:{3,})\{self-check\} *(?P<question>.*)\n(?P<options>(?::[\w-]+:.*\n)*)", re.M)
+
+
+def chapters() -> list[str]:
+    """The chapters, from the numbered parts of ``_toc.yml``: every one of them ends with self-checks."""
+    toc = yaml.safe_load((REPO / "_toc.yml").read_text())
+    return [entry["file"] for part in toc["parts"] if part.get("numbered") for entry in part["chapters"]]
+
+
+# --------------------------------------------------------------------------------------------
+# The chapters' sources
+# --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("chapter", chapters())
+def test_chapter_has_a_self_check_section_before_its_exercises(chapter):
+    text = (REPO / f"{chapter}.md").read_text()
+    heads = re.findall(r"^## (.+?)\s*$", text, re.M)
+    assert "Self-check" in heads, f"{chapter}.md has no '## Self-check' section"
+    if "Exercises" in heads:
+        assert heads.index("Self-check") + 1 == heads.index("Exercises"), (
+            f"{chapter}.md: the Self-check section goes just before the Exercises")
+    section = text.split("\n## Self-check\n", 1)[1].split("\n## ", 1)[0]
+    questions = SELF_CHECK.findall(section)
+    assert 3 <= len(questions) <= 5, f"{chapter}.md has {len(questions)} self-checks, not 3-5"
+    assert len(SELF_CHECK.findall(text)) == len(questions), f"{chapter}.md: a self-check outside its section"
+
+
+@pytest.mark.parametrize("chapter", chapters())
+def test_number_questions_name_a_key_their_chapter_glues(chapter):
+    source = (REPO / f"{chapter}.md").read_text()
+    glued = set(re.findall(r"""\bglue\(\s*["']([\w-]+)["']""", source))
+    for m in SELF_CHECK.finditer(source):
+        key = re.search(r"^:number: *(\S+)", m["options"], re.M)
+        if key:
+            assert key[1] in glued, f"{chapter}.md: {m['question'][:50]!r} names {key[1]!r}, which no cell glues"
+
+
+# --------------------------------------------------------------------------------------------
+# The directive, on a one-page project
+# --------------------------------------------------------------------------------------------
+
+GOOD = """\
+:::{self-check} How many key heads does MQA keep?
+:answer: 2
+- one per query head
+- one
+- two
+
+All query heads share **one** key head.
+:::
+
+:::{self-check} How large is the cache, in GiB?
+:number: cache-gib
+:format: .1f
+:unit: GiB
+
+Two tensors of 2 GiB each.
+:::
+"""
+
+
+def notebook(markdown: str, glued: dict[str, object]) -> nbformat.NotebookNode:
+    """A one-page notebook with ``glued`` already glued (as ``myst_nb.glue(..., display=False)`` stores it)."""
+    prefix = "application/papermill.record/"
+    outputs = [nbformat.v4.new_output("display_data", data={f"{prefix}text/plain": repr(v)},
+                                      metadata={"scrapbook": {"name": k, "mime_prefix": prefix}})
+               for k, v in glued.items()]
+    cell = nbformat.v4.new_code_cell("# glue cell", outputs=outputs, metadata={"tags": ["remove-input"]})
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# Page"), cell,
+                                         nbformat.v4.new_markdown_cell(markdown)])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    return nb
+
+
+def build(markdown: str, out: Path, glued: dict[str, object] | None = None) -> tuple[Path, str]:
+    """Build a one-page site of ``markdown`` (no execution); return its folder and the build's warnings."""
+    from sphinx.application import Sphinx
+
+    src = out / "src"
+    src.mkdir(parents=True)
+    nbformat.write(notebook(markdown, {"cache-gib": 4.0} if glued is None else glued), src / "index.ipynb")
+    (src / "conf.py").write_text(
+        f"import sys\nsys.path.insert(0, {str(EXT)!r})\nextensions = ['myst_nb', 'self_check']\n"
+        f"html_static_path = [{str(REPO / 'book' / '_static' / 'self-check.js')!r}, "
+        f"{str(REPO / 'book' / '_static' / 'self-check.css')!r}]\n"
+        "nb_execution_mode = 'off'\nmyst_enable_extensions = ['colon_fence']\n")
+    warnings = io.StringIO()
+    app = Sphinx(str(src), str(src), str(out / "html"), str(out / ".doctrees"), "html", status=None,
+                 warning=warnings, freshenv=True)
+    app.build()
+    return out / "html", warnings.getvalue()
+
+
+def test_a_question_renders_with_its_answer_folded(tmp_path):
+    html, warnings = build(GOOD, tmp_path)
+    page = (html / "index.html").read_text()
+    assert not warnings, warnings
+    assert '<div class="self-check" data-answer="2" data-kind="choice">' in page
+    assert re.search(r'<ol class="[^"]*\bupperalpha\b[^"]*\bself-check-choices">', page)
+    assert "<strong>Answer: </strong>B. one</p>" in page
+    assert 'data-kind="number" data-shown="4.0" data-tolerance="0.02" data-unit="GiB" data-value="4.0"' in page
+    assert "<strong>Answer: </strong>4.0 GiB</p>" in page
+    assert page.count('<details class="self-check-answer">') == 2 and "<details open" not in page
+    assert "self-check.js" in page and (html / "_static" / "self-check.js").exists()
+
+
+@pytest.mark.parametrize(("source", "glued", "message"), [
+    (":::{self-check} Q?\n- a\n- b\n\nWhy.\n:::\n", {}, "exactly one of :answer:"),
+    (":::{self-check} Q?\n:answer: 3\n- a\n- b\n\nWhy.\n:::\n", {}, ":answer: 3 is not one of the 2 choices"),
+    (":::{self-check} Q?\n:answer: 1\nWhy first.\n\n- a\n- b\n:::\n", {}, "starts its content with a bullet list"),
+    (":::{self-check} Q?\n:answer: 1\n- a\n- b\n:::\n", {}, "needs a why"),
+    (":::{self-check} Q?\n:number: nope\n\nWhy.\n:::\n", {}, "No key 'nope' found"),
+    (":::{self-check} Q?\n:number: word\n\nWhy.\n:::\n", {"word": "many"}, "is not a number"),
+    (":::{self-check} Q?\n:number: x\n:tolerance: 2\n\nWhy.\n:::\n", {"x": 1.0}, "between 0 and 1"),
+])
+def test_a_malformed_question_is_refused_with_its_reason(tmp_path, source, glued, message):
+    html, warnings = build(source, tmp_path, glued)
+    assert message in warnings, warnings
+    assert 'class="self-check"' not in (html / "index.html").read_text()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+def open_offline(browser, base: str, path: str):
+    """A page of ``base`` with requests elsewhere aborted; returns (context, page, errors, blocked)."""
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    blocked: list[str] = []
+    errors: list[str] = []
+
+    def only_local(route):
+        if route.request.url.startswith((base + "/", "data:")):
+            route.continue_()
+        else:
+            blocked.append(route.request.url)
+            route.abort()
+
+    context.route("**/*", only_local)
+    page = context.new_page()
+    page.on("console", lambda m: errors.append(f"console: {m.text}") if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(f"pageerror: {e}"))
+    page.goto(f"{base}/{path}", wait_until="load")
+    return context, page, errors, blocked
+
+
+def answer_every_question(page) -> list[str]:
+    """Answer each self-check wrong, then right; return what did not behave as it should."""
+    problems = []
+    for i in range(page.locator("div.self-check").count()):
+        box = page.locator("div.self-check").nth(i)
+        name = f"question {i + 1} ({box.locator('.self-check-question').inner_text()[:50]!r})"
+        feedback, details = box.locator(".self-check-feedback"), box.locator("details.self-check-answer")
+        if not feedback.count() or not details.count():
+            problems.append(f"{name}: not set up (no feedback line or no folded answer)")
+            continue
+        details.evaluate("d => { d.open = false; }")  # as a reader finds it, whatever was tried before
+        if box.get_attribute("data-kind") == "choice":
+            right = int(box.get_attribute("data-answer"))
+            choices = box.locator("ol.self-check-choices > li")
+            wrong = choices.nth(0 if right != 1 else 1)
+            wrong.click()
+            if "self-check-wrong" not in (wrong.get_attribute("class") or "") or feedback.get_attribute(
+                    "data-verdict") != "wrong" or details.evaluate("d => d.open"):
+                problems.append(f"{name}: a wrong choice is not marked wrong")
+            choices.nth(right - 1).click()
+            marked = choices.nth(right - 1).get_attribute("class") or ""
+            if "self-check-right" not in marked or "self-check-wrong" in (wrong.get_attribute("class") or ""):
+                problems.append(f"{name}: the right choice is not marked right")
+        else:
+            shown = float(box.get_attribute("data-shown"))
+            field = box.locator("form.self-check-form input")
+            field.fill(repr(2 * shown + 1))
+            field.press("Enter")
+            if feedback.get_attribute("data-verdict") != "wrong" or details.evaluate("d => d.open"):
+                problems.append(f"{name}: {2 * shown + 1} is not marked wrong")
+            field.fill(box.locator("details.self-check-answer p").first.text_content().split(": ", 1)[1].split()[0])
+            box.locator("form.self-check-form button").click()
+        if feedback.get_attribute("data-verdict") != "right" or feedback.inner_text() != "Right.":
+            problems.append(f"{name}: the right answer is not marked right ({feedback.inner_text()!r})")
+        if not details.evaluate("d => d.open"):
+            problems.append(f"{name}: the answer and why stay folded after a right answer")
+    return problems
+
+
+def serve(folder: Path):
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(folder)))
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return httpd, f"http://127.0.0.1:{httpd.server_address[1]}"
+
+
+@needs_chromium
+def test_wrong_answers_are_marked_wrong_and_right_ones_right(tmp_path, browser):
+    html, _ = build(GOOD, tmp_path)
+    httpd, base = serve(html)
+    try:
+        context, page, errors, blocked = open_offline(browser, base, "index.html")
+        choice, number = page.locator("div.self-check").nth(0), page.locator("div.self-check").nth(1)
+        choice.locator("li").nth(2).click()
+        assert "self-check-wrong" in choice.locator("li").nth(2).get_attribute("class")
+        assert choice.locator(".self-check-feedback").inner_text().startswith("Not this one")
+        choice.locator("li").nth(1).press("Enter")  # the keyboard works as well as the mouse
+        assert "self-check-right" in choice.locator("li").nth(1).get_attribute("class")
+        assert choice.locator("details").evaluate("d => d.open")
+        field = number.locator("input")
+        for typed, verdict, said in [("four", "none", "Enter a number"), ("3.95", "right", "Right."),
+                                     ("4.5", "wrong", "Not quite: too high"), ("3.5", "wrong", "Not quite: too low"),
+                                     ("4", "right", "Right.")]:
+            field.fill(typed)
+            field.press("Enter")
+            assert number.locator(".self-check-feedback").get_attribute("data-verdict") == verdict, typed
+            assert number.locator(".self-check-feedback").inner_text().startswith(said), typed
+        assert answer_every_question(page) == []
+        context.close()
+        assert not errors and not blocked, (errors, blocked)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+@needs_chromium
+def test_the_checker_notices_questions_that_do_not_answer(tmp_path, browser):
+    """Guard against a vacuous pass: without the script, no question may pass ``answer_every_question``."""
+    html, _ = build(GOOD, tmp_path)
+    page = (html / "index.html").read_text()
+    (html / "index.html").write_text(re.sub(r'<script[^>]*self-check\.js[^>]*></script>', "", page))
+    httpd, base = serve(html)
+    try:
+        context, page, _, _ = open_offline(browser, base, "index.html")
+        problems = answer_every_question(page)
+        context.close()
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert len(problems) == 2 and all("not set up" in p for p in problems), problems
+
+
+# --------------------------------------------------------------------------------------------
+# The built site
+# --------------------------------------------------------------------------------------------
+
+@needs_chromium
+def test_every_chapters_self_checks_work_offline(built_site: Path, server: str, browser):  # noqa: F811
+    failures = {}
+    for chapter in chapters():
+        path = f"{chapter}.html"
+        context, page, errors, blocked = open_offline(browser, server, path)
+        written = len(SELF_CHECK.findall((REPO / f"{chapter}.md").read_text()))
+        count = page.locator("div.self-check").count()
+        problems = [] if count == written else [f"{count} self-checks shown of {written} written (see the build log)"]
+        problems += answer_every_question(page) + errors + [f"request to another host: {u}" for u in blocked]
+        context.close()
+        if problems:
+            failures[path] = problems
+    assert not failures, "\n".join(f"{p}:\n  " + "\n  ".join(v) for p, v in failures.items())
