@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 __all__ = ["TIMING_NOISE", "TIMING_MARGIN", "relation", "speed", "closeness", "slope", "slope_steps", "rate_changes",
-           "cache_fit", "agreement", "two_digits", "listing", "closeness_each"]
+           "cache_fit", "agreement", "two_digits", "listing", "closeness_each",
+           "roofline"]
 
 TIMING_NOISE = 0.10
 """How far one timing may be off, either way, on a busy machine (a relative error)."""
@@ -171,3 +172,22 @@ def cache_fit(smaller: int, larger: int, caches: dict[int, int]) -> str:
                 else f"on this processor both fit {cache(large)}")
     only = "" if large is None else "only "
     return f"on this processor the smaller fits {cache(small)}, the larger {only}{cache(large)}"
+
+
+def roofline(intensities: dict[str, float], ridge: float, margin: float = TIMING_MARGIN) -> str:
+    """Where each named FLOPs-per-byte figure stands against a ridge point, grouped: "MHA (0.5) is below the
+    ridge: memory-bound; GQA (2) is within 25% of it: neither bound dominates; MQA (4) is above it: compute-bound"."""
+    groups: dict[int, list[str]] = {-1: [], 0: [], 1: []}
+    for name, x in intensities.items():
+        groups[relation(x, ridge, margin)].append(f"{name} ({two_digits(x)})")
+    words = {-1: ("below the ridge", "memory-bound"), 1: ("above the ridge", "compute-bound"),
+             0: (f"within {margin:.0%} of the ridge", "neither bound dominates")}
+    clauses = []
+    for sign in (-1, 0, 1):
+        names = groups[sign]
+        if names:
+            where, bound = words[sign]
+            if clauses:
+                where = where.replace("the ridge", "it")
+            clauses.append(f"{listing(names)} {'is' if len(names) == 1 else 'are'} {where}: {bound}")
+    return "; ".join(clauses)

@@ -17,6 +17,7 @@ from mha_lab.verdict import (
     listing,
     rate_changes,
     relation,
+    roofline,
     slope,
     slope_steps,
     speed,
@@ -270,3 +271,18 @@ def test_bad_margins_and_values_are_refused():
         slope(2.0, 2.0, -1)
     with pytest.raises(ValueError, match="margin"):
         slope_steps(1.75, 2.0, 2.0, -1)
+
+
+def test_roofline_words_follow_each_intensity_against_the_ridge():
+    words = roofline({"MHA": 0.5, "GQA": 2.1, "MQA": 4.0}, 2.8)
+    assert words == ("MHA (0.5) is below the ridge: memory-bound; GQA (2.1) is within 25% of it: neither bound "
+                     "dominates; MQA (4) is above it: compute-bound")
+    # the decode chapter's figures against an H100's ridge of 989 / 3.35 = 295 FLOPs per byte
+    words = roofline({"MQA": 128.0, "absorbed MLA": 241.8, "rebuilt MLA": 29198.0}, 989 / 3.35)
+    assert words.startswith("MQA (130) is below the ridge: memory-bound; absorbed MLA (240) is within 25% of it")
+    assert words.endswith("rebuilt MLA (29000) is above it: compute-bound")
+    assert roofline({"a": 1.0, "b": 1.1}, 100) == "a (1) and b (1.1) are below the ridge: memory-bound"
+    for _ in range(200):  # a measured ridge off by 10% never turns one side of the margin into the other
+        true_ridge, x = 2.8, rng.uniform(0.1, 10)
+        sign = {"below": -1, "within": 0, "above": 1}[roofline({"x": x}, noisy(true_ridge)).split()[3]]
+        assert sign * np.sign(x - true_ridge) >= 0
