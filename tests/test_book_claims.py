@@ -103,3 +103,44 @@ def test_masking_introduction_names_cross_attention_and_places_causal_alignment_
     assert "### Causal masks when" not in src  # no longer a subsection of cross-attention
     assert "## Causal self-attention with $L_q \\neq L_k$" in src
     assert "The cases in this section are self-attention, not cross-attention" in text
+
+
+def test_the_traffic_section_uses_the_papers_blocks_and_states_the_standard_re_reads():
+    src, text = page("ch-memory"), prose("ch-memory")
+    assert "what it pays instead is re-reading $K$ and $V$ once for every query tile" not in text
+    assert "for every key/value block, $Q$, $O$, $s_\\text{max}$ and $\\ell$ are read" in text
+    assert "$B_c = \\lceil M_\\text{SRAM} / 4 d_k \\rceil$" in text
+    assert "so that only $S$ and $P$ differ" not in text
+    assert "its count is $2 L d_k (1 + T) + 4L^2$" in text
+    assert "and bend once the $b^2$ score tile takes a noticeable part of fast memory" not in text
+    assert "standard algorithm moves $\\Theta(L d_k + L^2)$ elements" not in text
+    assert 'tiling="square"' in text and "a variant kept for comparison" in text
+    assert "tr-big-fa1-elems" in src and "12 * N_big**2 * d_big**2 / M_big" in src
+
+
+def test_one_symbol_one_meaning_for_the_running_maximum_and_fast_memory():
+    """m is a query's position (positions chapter, RoPE); the running maximum is s_max. M is the mask;
+    fast memory is M_SRAM."""
+    for label in ("ch-memory", "ch-math"):
+        text = prose(label)
+        assert "running maximum $m$" not in text and "maximum $m$" not in text and "$m'" not in text
+        assert "s_\\text{max}" in text
+    assert "derived from $M$)" not in prose("ch-memory")
+    notation = page("notation")
+    assert "| $m$, $\\ell$, $\\text{acc}$ |" not in notation
+    assert "| $s_\\text{max}$, $\\ell$, $\\text{acc}$ |" in notation
+    assert "| $p$; $m$, $n$ |" in notation and "| $M$ | `mask` |" in notation
+
+
+def test_the_parts_rates_are_not_used_to_explain_a_forward_they_do_not_add_up_to():
+    src, text = page("ch-flops"), prose("ch-flops")
+    assert "{glue:text}`parts-vs-forward` {glue:text}`parts-caveat`" in text
+    assert "relation(parts_s[L], forward_s[L], TIMING_MARGIN)" in src
+    assert "the parts timed alone do not reproduce the forward" in src
+
+
+def test_an_array_of_exactly_a_caches_size_is_not_said_to_simply_fit_it():
+    from mha_lab.verdict import cache_fit
+
+    words = cache_fit(2**20, 2**26, {2: 2**20, 3: 32 * 2**20})
+    assert "exactly the size of its level-2 cache, so it fits there only while nothing else does" in words

@@ -141,7 +141,7 @@ class LatentAttention:
 
     def _attend_latent(self, X: np.ndarray, cache: LatentCache, offset: int,
                        mask: np.ndarray | None) -> np.ndarray:
-        """X's queries against the cached latents, W_UK absorbed into the query: (B, L, d_model) -> same."""
+        """X's queries against the cached latents: (B, L, d_model) -> same."""
         W_UK, W_UV = self.head_projections()  # (h, d_k, d_c), (h, d_c, d_k)
         q_c, q_r = self.queries(X, offset)  # (B, h, L, d_k), (B, h, L, d_R)
         q_lat = q_c @ W_UK  # (B, h, L, d_k) @ (h, d_k, d_c) -> (B, h, L, d_c)
@@ -152,8 +152,8 @@ class LatentAttention:
         if mask is not None:
             scores += mask
         o_lat = softmax(scores) @ c  # (B, h, L, t) @ (B, 1, t, d_c) -> (B, h, L, d_c)
-        Z = o_lat @ W_UV  # (B, h, L, d_c) @ (h, d_c, d_k) -> (B, h, L, d_k): no value built per cached token
-        return merge_heads(Z) @ self.W_O  # (B, h, L, d_k) -> (B, L, h*d_k) -> (B, L, d_model)
+        Z = o_lat @ W_UV  # (B, h, L, d_c) @ (h, d_c, d_k) -> (B, h, L, d_k)
+        return merge_heads(Z) @ self.W_O  # (B, L, h*d_k) @ W_O -> (B, L, d_model)
 
     def new_cache(self, batch_size: int, max_len: int) -> LatentCache:
         """An empty cache for this layer: ``(d_c + d_R) * max_len * batch_size`` numbers."""
