@@ -51,7 +51,8 @@ def timing_margin(*spreads: float, floor: float = MIN_MARGIN) -> float:
 def relation(value: float, reference: float, margin: float) -> int:
     r"""+1 if ``value`` is above ``reference`` by more than the relative ``margin``, -1 if below, 0 if within.
 
-    Within means :math:`|\text{value}/\text{reference} - 1| \le \text{margin}`.
+    Within means :math:`1/(1 + \text{margin}) \le \text{value}/\text{reference} \le 1 + \text{margin}`: a margin
+    is a factor either way, as ``timing_margin`` derives it, so that a margin above 100% still leaves room below.
     """
     if margin < 0:
         raise ValueError(f"margin must be non-negative, got {margin}")
@@ -61,7 +62,7 @@ def relation(value: float, reference: float, margin: float) -> int:
     ratio = value / reference
     if ratio > 1 + margin:
         return 1
-    if ratio < 1 - margin:
+    if ratio < 1 / (1 + margin):
         return -1
     return 0
 
