@@ -163,3 +163,20 @@ def test_timing_verdicts_rest_on_the_spread_measured_in_the_build():
                  "relation(time_ratio, bytes_ratio, margin_pair)"):
         assert call in gqa
     assert 'speed("the loop", last["loop_s"], "the fused layer", last["fused_s"], margin)' in page("ch-reshape")
+
+
+def test_the_home_pages_map_names_each_chapter_by_its_number_and_title():
+    """The map's node "8 GQA, MQA, MLA and the KV cache" is chapter 8's title in the sidebar too, and the n-th
+    chapter of the table of contents is the map's n."""
+    import yaml
+
+    toc = yaml.safe_load((BOOK.parent / "_toc.yml").read_text())
+    numbered = [entry["file"] for part in toc["parts"] if part.get("numbered") for entry in part["chapters"]]
+    labels = dict(re.findall(r"\[(\d+) ([^\]]+)\]", page("home").split("```{mermaid}")[1].split("```")[0]))
+    assert len(labels) == len(numbered)
+    for n, file in enumerate(numbered, 1):
+        title = re.search(r"^# (.+)$", (BOOK.parent / f"{file}.md").read_text(), re.M).group(1)
+        assert title.lower().startswith(labels[str(n)].lower()) or labels[str(n)] in {
+            "Intuition", "Math and worked example", "Reshape trick and memory layout", "Backward pass",
+            "Graded assignments"}, (n, labels[str(n)], title)
+    assert labels["8"] == "GQA, MQA, MLA and the KV cache" and labels["4"] == "Masking and cross-attention"
