@@ -195,8 +195,8 @@ def cache_fit(smaller: int, larger: int, caches: dict[int, int]) -> str:
     small, large = (min((lv for lv, size in caches.items() if size >= n), default=None) for n in (smaller, larger))
     exactly = ""  # an array of exactly a cache's size fits it only while nothing else is there
     if small is not None and caches[small] == smaller:
-        exactly = (f" (the smaller is exactly the size of its level-{small} cache, so it fits there only "
-                   "while nothing else does)")
+        exactly = (f"; the smaller is exactly the size of its level-{small} cache, so it fits there only "
+                   "while nothing else does")
     if small == large:
         return (f"on this processor neither fits any of its caches ({largest})" if large is None
                 else f"on this processor both fit {cache(large)}{exactly}")

@@ -206,8 +206,8 @@ L2_THEN_L3 = ("on this processor the smaller fits its level-2 cache (2 MiB), the
 # (smaller bytes, larger bytes, caches) -> words; an array of exactly a cache's size fits only an empty one
 CACHE_FITS = [
     (MiB, 64 * MiB, CACHES, L2_THEN_L3),
-    (2 * MiB, 2 * MiB + 1, CACHES, L2_THEN_L3 + " (the smaller is exactly the size of its level-2 cache, so it fits "
-     "there only while nothing else does)"),
+    (2 * MiB, 2 * MiB + 1, CACHES, L2_THEN_L3 + "; the smaller is exactly the size of its level-2 cache, so it fits "
+     "there only while nothing else does"),
     (32 * 2**10, MiB, CACHES, "on this processor the smaller fits its level-1 cache (48 KiB), the larger only its "
      "level-2 cache (2 MiB)"),
     (MiB, 2 * MiB, CACHES, "on this processor both fit its level-2 cache (2 MiB)"),
