@@ -20,7 +20,7 @@ __all__ = [
     "flops_breakdown", "count_flops", "backward_flops_breakdown", "count_backward_flops", "memory_breakdown",
     "count_memory_bytes", "dtype_bytes", "DType", "ModelConfig", "MODEL_CONFIGS", "DEEPSEEK_V2",
     "kv_elements_per_token", "kv_cache_bytes", "decode_step_cost",
-    "GPU_PEAKS", "gib", "gb",
+    "GPU_PEAKS", "gib", "gb", "DECODE_VARIANTS", "decode_attention_intensity",
 ]
 
 DType: TypeAlias = "str | np.dtype | type[np.generic] | torch.dtype"  # a NumPy or torch dtype, or its name
@@ -250,6 +250,41 @@ def decode_step_cost(d_model: int, n_heads: int, n_kv_heads: int, context_len: i
         "weight_bytes": weights * s,
         "cache_bytes": 2 * B * g * t * d_k * s,
     }
+
+
+DECODE_VARIANTS = ("cached K/V", "MLA absorbed", "MLA rebuilt")
+"""How a decoding step's attention meets its cache: ``cached K/V`` (MHA, GQA, MQA: h_kv keys and values per
+token), ``MLA absorbed`` (W_UK in the query, W_UV after the weighted latent) and ``MLA rebuilt`` (every head's
+key and value up-projected from each cached latent at every step)."""
+
+
+def decode_attention_intensity(config: ModelConfig, dtype: DType = "float16", variant: str = "cached K/V",
+                               softmax_flops: int = 5) -> float:
+    r"""FLOPs per byte of cache of a decoding step's attention, per cached token (the same for any context and batch).
+
+    ============ ======================================================= ==========================
+    cached K/V   :math:`4hd_k + ch`                                      :math:`2h_{kv}d_k\,s`
+    MLA absorbed :math:`2h(d_c + d_R) + 2hd_c + ch`                      :math:`(d_c + d_R)\,s`
+    MLA rebuilt  :math:`4hd_cd_k + 2h(d_k + d_R) + 2hd_k + ch`           :math:`(d_c + d_R)\,s`
+    ============ ======================================================= ==========================
+
+    FLOPs over bytes: scores and weighted values (2 per multiply-add), ``softmax_flops`` c per score; the
+    absorbed MLA scores each latent against h queries of d_c + d_R and sums h weighted latents, the rebuilt one
+    first up-projects the latent to h keys and h values. Without the softmax, cached K/V gives
+    :math:`2(h/h_{kv})/s`. The query's own projections are left out (they do not grow with the context).
+    """
+    if variant not in DECODE_VARIANTS:
+        raise ValueError(f"variant must be one of {DECODE_VARIANTS}, got {variant!r}")
+    h, d_k, s = config.n_heads, config.head_dim, dtype_bytes(dtype)
+    if variant == "cached K/V":
+        return (4 * h * d_k + softmax_flops * h) / (2 * config.n_kv_heads * d_k * s)
+    if config.kv_latent_dim is None or config.rope_head_dim is None:
+        raise ValueError(f"{config.name} has no latent: {variant} needs kv_latent_dim and rope_head_dim")
+    d_c, d_r = config.kv_latent_dim, config.rope_head_dim
+    flops = 2 * h * (d_c + d_r) + 2 * h * d_c + softmax_flops * h  # absorbed: h queries of d_c + d_R, h sums
+    if variant == "MLA rebuilt":
+        flops = 4 * h * d_c * d_k + 2 * h * (d_k + d_r) + 2 * h * d_k + softmax_flops * h
+    return flops / ((d_c + d_r) * s)
 
 
 def gib(n_bytes: float) -> float:

@@ -22,7 +22,7 @@ import numpy as np
 
 __all__ = ["interleaved_times", "median_time", "traced_memory", "torch_peak_memory",
            "fit_exponent", "gemm_flops_per_second", "read_bytes_per_second", "cache_sizes", "last_level_cache_bytes",
-           "READ_BYTES_MIN", "READ_BYTES_MAX", "read_matrix_bytes", "usable_cores",
+           "READ_BYTES_MIN", "READ_BYTES_MAX", "read_matrix_bytes", "usable_cores", "fastest_runs",
            "torch_ops_called", "blas_threads", "machine_info"]
 
 
@@ -50,6 +50,20 @@ def interleaved_times(fns: dict[str, Callable[[], object]], repeat: int = 5, war
             times[name].append(clock() - start)
     reduce = np.median if statistic == "median" else np.min
     return {name: float(reduce(t)) for name, t in times.items()}
+
+
+def fastest_runs(fns: dict[str, Callable[[], object]], runs: int = 3, repeat: int = 5,
+                 clock: Callable[[], float] = time.perf_counter) -> dict[str, list[float]]:
+    """Each function's fastest-of-``repeat`` time in seconds, measured ``runs`` times over (``interleaved_times``):
+    how far such a reading wanders on this machine, for ``mha_lab.verdict.spread``."""
+    if runs < 2:
+        raise ValueError(f"runs must be at least 2 to show a spread, got {runs}")
+    readings: dict[str, list[float]] = {name: [] for name in fns}
+    for r in range(runs):
+        t = interleaved_times(fns, repeat, warmup=1 if r == 0 else 0, statistic="min", clock=clock)
+        for name in fns:
+            readings[name].append(t[name])
+    return readings
 
 
 def median_time(fn: Callable[[], object], repeat: int = 5, warmup: int = 1) -> float:

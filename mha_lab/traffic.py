@@ -4,7 +4,8 @@ FlashAttention's argument (Dao et al. 2022, Theorem 2) is about this traffic, no
 head with sequence length L, head size d_k and a fast memory of ``sram`` elements (the paper's N,
 d and M), the standard algorithm writes the L x L scores and probabilities to slow memory and
 reads them back, Θ(L d_k + L²) accesses; the tiled algorithm keeps them in fast memory and instead
-reads K and V (or Q and O) once per tile of the outer loop, Θ(L² d_k² / sram).
+re-reads whatever its inner loop streams once per block of the outer loop, Θ(L² d_k² / sram): in
+the paper's Algorithm 1 the outer loop runs over K/V blocks and Q, O, m and ℓ are re-read.
 
 Two views of the same count, which the tests hold equal:
 
@@ -12,10 +13,19 @@ Two views of the same count, which the tests hold equal:
 * ``simulate_traffic``: the tiled loops run on real arrays through a ``TwoLevelMemory`` that counts
   every element loaded from and stored to slow memory and refuses a working set larger than sram.
 
-Tiles: the flash loops use square tiles of ``tile_size(d_k, sram)`` rows, the largest b whose working
-set (a query tile, its accumulator, a key and a value tile, one b x b score tile and the two
-running vectors: 4 b d_k + b² + 2b elements) fits in ``sram``. The standard algorithm is given the same
-tiles for its two matrix products, so the only difference left is the L x L matrices.
+Tiles (``TILINGS``): every loop has an outer block of rows and an inner block (``tile_shape``).
+
+* ``paper``: Algorithm 1's B_c = ⌈M / 4d⌉ rows for the outer block and B_r = min(⌈M / 4d⌉, d) for the
+  inner one, so each of Q_i, O_i, K_j, V_j and the score tile S_ij holds at most about M / 4 elements.
+  Together (with m and ℓ) they need 2(B_c + B_r) d + B_r B_c + 2 B_r elements, which exceeds M when M is
+  below about 8 d²: the theorem's Θ absorbs that constant, and the simulation gives such tiles the fast
+  memory they need (``SimulatedTraffic.peak`` says how much). FlashAttention-2's loop (queries outside) and
+  the standard algorithm's products use the same rule, the outer block being the query block.
+* ``square``: b x b tiles, b = ``tile_size(d_k, sram)``, the largest whose working set 4 b d_k + b² + 2b
+  fits in ``sram``; the score tile can then take most of fast memory.
+
+The standard algorithm is given the same tiles for its two matrix products, so it too re-reads K and V
+once per query block; only the L x L matrices are its own.
 """
 
 from __future__ import annotations
@@ -30,8 +40,8 @@ from mha_lab.analysis import DType, dtype_bytes
 from mha_lab.cpu.functional import softmax
 from mha_lab.cpu.memory import online_softmax_step
 
-__all__ = ["ALGORITHMS", "tile_size", "traffic_breakdown", "hbm_traffic", "TwoLevelMemory", "TileState",
-           "SimulatedTraffic", "simulate_traffic"]
+__all__ = ["ALGORITHMS", "TILINGS", "tile_size", "tile_shape", "working_set", "traffic_breakdown", "hbm_traffic",
+           "TwoLevelMemory", "TileState", "SimulatedTraffic", "simulate_traffic"]
 
 ALGORITHMS = ("standard", "flash1", "flash2")
 """``standard``: S, P and O by three passes through slow memory (the paper's Algorithm 0);
@@ -53,18 +63,47 @@ def tile_size(d_k: int, sram: int) -> int:
     return b
 
 
-def _check(L: int, d_k: int, sram: int, algorithm: str) -> int:
+TILINGS = ("paper", "square")
+"""``paper``: FlashAttention's B_c = ⌈M/4d⌉, B_r = min(⌈M/4d⌉, d); ``square``: b x b tiles filling fast memory."""
+
+
+def tile_shape(d_k: int, sram: int, tiling: str = "paper") -> tuple[int, int]:
+    """Rows of the outer loop's block and of the inner loop's block: (⌈M/4d⌉, min(⌈M/4d⌉, d)) for the paper's
+    tiles, (b, b) with b = ``tile_size(d_k, sram)`` for square ones."""
+    if tiling not in TILINGS:
+        raise ValueError(f"tiling must be one of {TILINGS}, got {tiling!r}")
+    if tiling == "square":
+        b = tile_size(d_k, sram)
+        return b, b
+    if d_k < 1 or sram < d_k:
+        raise ValueError(f"the paper's tiles need d_k >= 1 and sram >= d_k, got d_k={d_k}, sram={sram}")
+    outer = -(-sram // (4 * d_k))  # ceil(M / 4d)
+    return outer, min(outer, d_k)
+
+
+def working_set(d_k: int, outer: int, inner: int, algorithm: str) -> int:
+    """Elements resident in fast memory at once in the loops of ``algorithm`` with these blocks. A flash loop
+    holds two blocks of outer rows and two of inner rows (d_k wide), their score tile and the running m and ℓ
+    of its query block; the standard products one block of each, and the score or probability tile."""
+    if algorithm == "standard":
+        return (outer + inner) * d_k + outer * inner
+    return 2 * (outer + inner) * d_k + outer * inner + 2 * (inner if algorithm == "flash1" else outer)
+
+
+def _check(L: int, d_k: int, sram: int, algorithm: str, tiling: str) -> int:
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
     if L < 1:
         raise ValueError(f"sequence length L must be positive, got {L}")
-    return tile_size(d_k, sram)
+    return tile_shape(d_k, sram, tiling)
 
 
-def traffic_breakdown(L: int, d_k: int, sram: int, algorithm: str = "flash2") -> dict[str, dict[str, int]]:
+def traffic_breakdown(L: int, d_k: int, sram: int, algorithm: str = "flash2",
+                      tiling: str = "paper") -> dict[str, dict[str, int]]:
     r"""Elements read from and written to slow memory by one head's forward, per array.
 
-    With tiles of b = ``tile_size(d_k, sram)`` rows and :math:`T = \lceil L / b \rceil` tiles:
+    With an outer block of :math:`b` rows (``tile_shape``) and :math:`T = \lceil L / b \rceil` outer blocks
+    (key/value blocks for flash1, query blocks otherwise):
 
     ========= ============================ =============================================
     standard  reads Q, K·T, S, P, V·T       writes S, P, O: :math:`2Ld_k(1 + T) + 4L^2`
@@ -73,11 +112,12 @@ def traffic_breakdown(L: int, d_k: int, sram: int, algorithm: str = "flash2") ->
     flash2    Q once; K, V T times          writes O and the log-sum-exp once: :math:`2Ld_k(1 + T) + L`
     ========= ============================ =============================================
 
-    Since :math:`T \approx L/b` and :math:`b \approx \mathrm{sram} / 4d_k` when :math:`\mathrm{sram} \ll 16 d_k^2`,
-    the flash terms are :math:`\Theta(L^2 d_k^2 / \mathrm{sram})`; the standard one keeps its :math:`4L^2`.
+    With the paper's tiles :math:`T \approx 4Ld_k/\mathrm{sram}`, so flash1 moves about
+    :math:`12 L^2 d_k^2 / \mathrm{sram}` and flash2 about :math:`8 L^2 d_k^2 / \mathrm{sram}`. The standard
+    count is not only :math:`4L^2`: its tiled products re-read K and V too, :math:`2Ld_kT`.
     Returns ``{"reads": {array: elements}, "writes": {array: elements}}``.
     """
-    b = _check(L, d_k, sram, algorithm)
+    b, _ = _check(L, d_k, sram, algorithm, tiling)
     T = -(-L // b)  # ceil(L / b)
     if algorithm == "standard":
         passes = 1 if L <= sram else 2  # a row longer than fast memory: one pass for max and sum, one to write P
@@ -92,10 +132,11 @@ def traffic_breakdown(L: int, d_k: int, sram: int, algorithm: str = "flash2") ->
     return {"reads": reads, "writes": writes}
 
 
-def hbm_traffic(L: int, d_k: int, sram: int, algorithm: str = "flash2", dtype: DType = "float16") -> int:
+def hbm_traffic(L: int, d_k: int, sram: int, algorithm: str = "flash2", dtype: DType = "float16",
+                tiling: str = "paper") -> int:
     """Bytes moved between slow and fast memory by one head's forward: reads plus writes of
     ``traffic_breakdown``, each element ``dtype``'s size (m, ℓ and the log-sum-exp counted alike)."""
-    counts = traffic_breakdown(L, d_k, sram, algorithm)
+    counts = traffic_breakdown(L, d_k, sram, algorithm, tiling)
     return (sum(counts["reads"].values()) + sum(counts["writes"].values())) * dtype_bytes(dtype)
 
 
@@ -153,58 +194,60 @@ class SimulatedTraffic:
     trace: TileState | None = None
 
 
-def _standard(mem: TwoLevelMemory, L: int, d_k: int, b: int) -> None:
-    """Algorithm 0: S = QK^T to slow memory, P = softmax(S) to slow memory, O = PV; products in b-row tiles."""
+def _standard(mem: TwoLevelMemory, L: int, d_k: int, b: int, c: int, sram: int) -> None:
+    """Algorithm 0: S = QK^T to slow memory, P = softmax(S) to slow memory, O = PV; products in blocks of b
+    query rows and c key rows; the softmax reads a row in chunks of at most ``sram`` scores."""
     scale = 1.0 / math.sqrt(d_k)
-    for qs in range(0, L, b):  # S, a block of rows at a time; K streams past in b-row tiles
+    for qs in range(0, L, b):  # S, a block of rows at a time; K streams past in c-row tiles
         q = mem.load("Q", qs, qs + b)
-        for ks in range(0, L, b):
-            k = mem.load("K", ks, ks + b)
+        for ks in range(0, L, c):
+            k = mem.load("K", ks, ks + c)
             s = q @ k.T * scale
             mem.hold(q, k, s)
             mem.slow["S"][qs:qs + len(q), ks:ks + len(k)] = s
             mem.writes["S"] += s.size
     for r in range(L):  # the softmax, a row at a time, in chunks of at most sram scores
-        if L <= mem.sram:
+        if L <= sram:
             row = mem.load("S", r, r + 1)
             mem.hold(row)
             mem.store("P", r, softmax(row))
             continue
         m, total = -np.inf, 0.0  # pass 1: the row's max and normaliser, online
-        for c in range(0, L, mem.sram):
-            chunk = mem.slow["S"][r, c:c + mem.sram].copy()
+        for j in range(0, L, sram):
+            chunk = mem.slow["S"][r, j:j + sram].copy()
             mem.reads["S"] += chunk.size
             m_new = max(m, chunk.max())
             total = total * math.exp(m - m_new) + np.exp(chunk - m_new).sum()
             m = m_new
-        for c in range(0, L, mem.sram):  # pass 2: read again, write the probabilities
-            chunk = mem.slow["S"][r, c:c + mem.sram].copy()
+        for j in range(0, L, sram):  # pass 2: read again, write the probabilities
+            chunk = mem.slow["S"][r, j:j + sram].copy()
             mem.reads["S"] += chunk.size
             mem.hold(chunk)
-            mem.slow["P"][r, c:c + mem.sram] = np.exp(chunk - m) / total
+            mem.slow["P"][r, j:j + sram] = np.exp(chunk - m) / total
             mem.writes["P"] += chunk.size
     for qs in range(0, L, b):  # O = P V, a block of rows at a time; V streams past
         acc = np.zeros((min(b, L - qs), d_k))
-        for ks in range(0, L, b):
-            p = mem.slow["P"][qs:qs + b, ks:ks + b].copy()
+        for ks in range(0, L, c):
+            p = mem.slow["P"][qs:qs + b, ks:ks + c].copy()
             mem.reads["P"] += p.size
-            v = mem.load("V", ks, ks + b)
+            v = mem.load("V", ks, ks + c)
             mem.hold(acc, p, v)
             acc += p @ v
         mem.store("O", qs, acc)
 
 
-def _flash1(mem: TwoLevelMemory, L: int, d_k: int, b: int) -> None:
-    """Algorithm 1 of FlashAttention: each K/V tile loaded once; Q, O, m, ℓ reloaded for every K/V tile."""
+def _flash1(mem: TwoLevelMemory, L: int, d_k: int, b: int, c: int) -> None:
+    """Algorithm 1 of FlashAttention: each K/V block (b rows) loaded once; Q, O, m, ℓ reloaded, c rows at a
+    time, for every K/V block."""
     mem.store("O", 0, np.zeros((L, d_k)))
     mem.store("m", 0, np.full((L, 1), -np.inf))
     mem.store("l", 0, np.zeros((L, 1)))
     scale = 1.0 / math.sqrt(d_k)
     for ks in range(0, L, b):
         k, v = mem.load("K", ks, ks + b), mem.load("V", ks, ks + b)
-        for qs in range(0, L, b):
-            q, o = mem.load("Q", qs, qs + b), mem.load("O", qs, qs + b)
-            m_i, l_i = mem.load("m", qs, qs + b), mem.load("l", qs, qs + b)
+        for qs in range(0, L, c):
+            q, o = mem.load("Q", qs, qs + c), mem.load("O", qs, qs + c)
+            m_i, l_i = mem.load("m", qs, qs + c), mem.load("l", qs, qs + c)
             s = q @ k.T * scale
             mem.hold(q, o, k, v, s, m_i, l_i)
             m_i, l_i, acc = online_softmax_step(m_i, l_i, o * l_i, s, v)  # O is kept normalised: acc = O ℓ
@@ -213,15 +256,16 @@ def _flash1(mem: TwoLevelMemory, L: int, d_k: int, b: int) -> None:
             mem.store("l", qs, l_i)
 
 
-def _flash2(mem: TwoLevelMemory, L: int, d_k: int, b: int, trace: TileState) -> None:
-    """FlashAttention-2's order (``chunked_attention``'s and the Triton kernel's): each Q tile loaded once,
-    K and V streamed past it, O normalised once at the end. Records row 0's state in ``trace``."""
+def _flash2(mem: TwoLevelMemory, L: int, d_k: int, b: int, c: int, trace: TileState) -> None:
+    """FlashAttention-2's order (``chunked_attention``'s and the Triton kernel's): each Q block (b rows) loaded
+    once, K and V streamed past it c rows at a time, O normalised once at the end. Records row 0's state in
+    ``trace``."""
     scale = 1.0 / math.sqrt(d_k)
     for qs in range(0, L, b):
         q = mem.load("Q", qs, qs + b)
         m_i, l_i, acc = np.full((len(q), 1), -np.inf), np.zeros((len(q), 1)), np.zeros((len(q), d_k))
-        for ks in range(0, L, b):
-            k, v = mem.load("K", ks, ks + b), mem.load("V", ks, ks + b)
+        for ks in range(0, L, c):
+            k, v = mem.load("K", ks, ks + c), mem.load("V", ks, ks + c)
             s = q @ k.T * scale
             mem.hold(q, acc, k, v, s, m_i, l_i)
             m_i, l_i, acc = online_softmax_step(m_i, l_i, acc, s, v)
@@ -234,13 +278,14 @@ def _flash2(mem: TwoLevelMemory, L: int, d_k: int, b: int, trace: TileState) -> 
 
 
 def simulate_traffic(Q: np.ndarray, K: np.ndarray, V: np.ndarray, sram: int,
-                     algorithm: str = "flash2") -> SimulatedTraffic:
+                     algorithm: str = "flash2", tiling: str = "paper") -> SimulatedTraffic:
     r"""Run one head's attention with Q, K, V in slow memory and a fast memory of sram elements; count transfers.
 
     .. math:: O = \mathrm{softmax}(QK^\top / \sqrt{d_k})\, V
 
-    Shapes: Q, K, V (L, d_k) -> out (L, d_k). Tiles of ``tile_size(d_k, sram)`` rows. The counts are
-    elements, per array; ``trace`` (flash2 only) holds query row 0's m, ℓ and acc after each key tile.
+    Shapes: Q, K, V (L, d_k) -> out (L, d_k). Blocks of ``tile_shape(d_k, sram, tiling)`` rows. The counts
+    are elements, per array; ``trace`` (flash2 only) holds query row 0's m, ℓ and acc after each key tile.
+    Square tiles must fit ``sram``; the paper's are given ``max(sram, working_set)`` (see the module).
     """
     for name, t in (("Q", Q), ("K", K), ("V", V)):
         if not isinstance(t, np.ndarray) or t.ndim != 2:
@@ -248,17 +293,18 @@ def simulate_traffic(Q: np.ndarray, K: np.ndarray, V: np.ndarray, sram: int,
     if not Q.shape == K.shape == V.shape:
         raise ValueError(f"Q, K, V must have one shape (L, d_k), got {Q.shape}, {K.shape}, {V.shape}")
     L, d_k = Q.shape
-    b = _check(L, d_k, sram, algorithm)
-    mem = TwoLevelMemory(sram, {"Q": Q, "K": K, "V": V, "O": np.empty((L, d_k))})
+    b, c = _check(L, d_k, sram, algorithm, tiling)
+    capacity = sram if tiling == "square" else max(sram, working_set(d_k, b, c, algorithm))
+    mem = TwoLevelMemory(capacity, {"Q": Q, "K": K, "V": V, "O": np.empty((L, d_k))})
     trace = None
     if algorithm == "standard":
         mem.slow.update(S=np.empty((L, L)), P=np.empty((L, L)))
-        _standard(mem, L, d_k, b)
+        _standard(mem, L, d_k, b, c, sram)
     elif algorithm == "flash1":
         mem.slow.update(m=np.empty((L, 1)), l=np.empty((L, 1)))
-        _flash1(mem, L, d_k, b)
+        _flash1(mem, L, d_k, b, c)
     else:
         mem.slow["lse"] = np.empty((L, 1))
         trace = TileState()
-        _flash2(mem, L, d_k, b, trace)
+        _flash2(mem, L, d_k, b, c, trace)
     return SimulatedTraffic(mem.slow["O"], dict(mem.reads), dict(mem.writes), mem.peak, trace)

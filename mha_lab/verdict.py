@@ -5,27 +5,54 @@ machine that builds the book. So the words are computed here from the measured v
 stated margin: a difference inside the margin is reported as none, a difference outside it by
 its size and direction. The margin is part of the sentence ("within 25%"), so the reader sees
 how large a difference has to be before the book calls it one.
+
+The chapters derive their margins from the build itself: each repeats its fastest-of-N timings a few
+times (``mha_lab.measure.fastest_runs``), takes each reading's ``spread`` and passes
+``timing_margin(...)`` of those spreads to the verdicts. ``TIMING_MARGIN`` is only the default where
+nothing was measured (the command line, the tests).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
-__all__ = ["TIMING_NOISE", "TIMING_MARGIN", "relation", "speed", "closeness", "slope", "slope_steps", "rate_changes",
-           "cache_fit", "agreement", "two_digits", "listing", "closeness_each"]
+__all__ = ["TIMING_NOISE", "TIMING_MARGIN", "MIN_MARGIN", "spread", "timing_margin", "relation", "speed", "closeness",
+           "slope", "slope_steps", "rate_changes", "cache_fit", "agreement", "two_digits", "listing", "closeness_each",
+           "roofline"]
 
 TIMING_NOISE = 0.10
 """How far one timing may be off, either way, on a busy machine (a relative error)."""
 
 TIMING_MARGIN = 0.25
-"""The margin for a ratio of two timings: with each off by up to ``TIMING_NOISE``, their ratio is off by
+"""The default margin for a ratio of two timings: with each off by up to ``TIMING_NOISE``, their ratio is off by
 up to (1 + 0.1) / (1 - 0.1) - 1 = 22%. A verdict outside this margin cannot be the opposite of the truth."""
+
+MIN_MARGIN = 0.05
+"""The smallest margin ``timing_margin`` gives: a few repeated readings that happen to agree closely do not
+show that the next reading will."""
+
+
+def spread(readings: Sequence[float]) -> float:
+    """How far repeated readings of one timing wander: the largest over the smallest, less one (0.2 is 20%)."""
+    if len(readings) < 2 or min(readings) <= 0:
+        raise ValueError(f"spread needs at least two positive readings, got {list(readings)}")
+    return max(readings) / min(readings) - 1
+
+
+def timing_margin(*spreads: float, floor: float = MIN_MARGIN) -> float:
+    """The margin for comparing quantities whose readings wander by ``spreads``: a ratio of readings that each
+    lie within (1 + s) of their fastest can be off by the product (1 + s_1)(1 + s_2)... - 1; never below ``floor``."""
+    if any(s < 0 for s in spreads):
+        raise ValueError(f"spreads must be non-negative, got {spreads}")
+    return max(floor, math.prod(1 + s for s in spreads) - 1)
 
 
 def relation(value: float, reference: float, margin: float) -> int:
     r"""+1 if ``value`` is above ``reference`` by more than the relative ``margin``, -1 if below, 0 if within.
 
-    Within means :math:`|\text{value}/\text{reference} - 1| \le \text{margin}`.
+    Within means :math:`1/(1 + \text{margin}) \le \text{value}/\text{reference} \le 1 + \text{margin}`: a margin
+    is a factor either way, as ``timing_margin`` derives it, so that a margin above 100% still leaves room below.
     """
     if margin < 0:
         raise ValueError(f"margin must be non-negative, got {margin}")
@@ -35,7 +62,7 @@ def relation(value: float, reference: float, margin: float) -> int:
     ratio = value / reference
     if ratio > 1 + margin:
         return 1
-    if ratio < 1 - margin:
+    if ratio < 1 / (1 + margin):
         return -1
     return 0
 
@@ -48,13 +75,13 @@ def two_digits(x: float) -> str:
 def speed(name: str, seconds: float, ref_name: str, ref_seconds: float,
           margin: float = TIMING_MARGIN) -> str:
     """A clause comparing two measured times: "<name> is 1.3 times slower than <ref_name>", "... 1.3 times
-    faster than ...", or "<name> and <ref_name> take the same time within 25%"."""
+    faster than ...", or "<name> and <ref_name> show no measurable difference on this machine (within 25%)"."""
     sign = relation(seconds, ref_seconds, margin)
     if sign > 0:
         return f"{name} is {two_digits(seconds / ref_seconds)} times slower than {ref_name}"
     if sign < 0:
         return f"{name} is {two_digits(ref_seconds / seconds)} times faster than {ref_name}"
-    return f"{name} and {ref_name} take the same time within {margin:.0%}"
+    return f"{name} and {ref_name} show no measurable difference on this machine (within {margin:.0%})"
 
 
 def closeness(value: float, reference: float, margin: float = TIMING_MARGIN) -> str:
@@ -166,8 +193,31 @@ def cache_fit(smaller: int, larger: int, caches: dict[int, int]) -> str:
         return f"its level-{level} cache ({_size(caches[level])}{last})"
 
     small, large = (min((lv for lv, size in caches.items() if size >= n), default=None) for n in (smaller, larger))
+    exactly = ""  # an array of exactly a cache's size fits it only while nothing else is there
+    if small is not None and caches[small] == smaller:
+        exactly = (f"; the smaller is exactly the size of its level-{small} cache, so it fits there only "
+                   "while nothing else does")
     if small == large:
         return (f"on this processor neither fits any of its caches ({largest})" if large is None
-                else f"on this processor both fit {cache(large)}")
+                else f"on this processor both fit {cache(large)}{exactly}")
     only = "" if large is None else "only "
-    return f"on this processor the smaller fits {cache(small)}, the larger {only}{cache(large)}"
+    return f"on this processor the smaller fits {cache(small)}, the larger {only}{cache(large)}{exactly}"
+
+
+def roofline(intensities: dict[str, float], ridge: float, margin: float = TIMING_MARGIN) -> str:
+    """Where each named FLOPs-per-byte figure stands against a ridge point, grouped: "MHA (0.5) is below the
+    ridge: memory-bound; GQA (2) is within 25% of it: neither bound dominates; MQA (4) is above it: compute-bound"."""
+    groups: dict[int, list[str]] = {-1: [], 0: [], 1: []}
+    for name, x in intensities.items():
+        groups[relation(x, ridge, margin)].append(f"{name} ({two_digits(x)})")
+    words = {-1: ("below the ridge", "memory-bound"), 1: ("above the ridge", "compute-bound"),
+             0: (f"within {margin:.0%} of the ridge", "neither bound dominates")}
+    clauses = []
+    for sign in (-1, 0, 1):
+        names = groups[sign]
+        if names:
+            where, bound = words[sign]
+            if clauses:
+                where = where.replace("the ridge", "it")
+            clauses.append(f"{listing(names)} {'is' if len(names) == 1 else 'are'} {where}: {bound}")
+    return "; ".join(clauses)

@@ -216,3 +216,34 @@ def test_backward_softmax_flops_match_the_operations_the_layer_does():
     layer.backward(np.ones((B, L, d)).view(_Counted))
     on_scores = sum(n for _, n in _Counted.log if n in (B * h * L * L, 2 * B * h * L * L))
     assert on_scores == backward_flops_breakdown(B, L, d, h)["softmax"] == 5 * B * h * L * L
+
+
+def test_decode_attention_intensity_is_the_hand_count_for_every_variant():
+    """Per cached token, DeepSeek-V2's 128 heads of 128 in bfloat16 (2 bytes), softmax left out:
+    cached K/V does 4 h d_k FLOPs on 2 h_kv d_k s bytes, 2 (h / h_kv) / s per byte; absorbed MLA reads
+    d_c + d_R = 576 numbers and does 2h(576) + 2h(512) FLOPs; rebuilt MLA adds 4 h d_c d_k of up-projections."""
+    from dataclasses import replace
+
+    from mha_lab.analysis import DEEPSEEK_V2, ModelConfig, decode_attention_intensity, decode_step_cost
+
+    def kv(g):
+        return replace(DEEPSEEK_V2, n_kv_heads=g, kv_latent_dim=None, rope_head_dim=None)
+
+    def x(config, variant="cached K/V"):
+        return decode_attention_intensity(config, "bfloat16", variant, softmax_flops=0)
+
+    assert x(kv(128)) == 4 * 128 * 128 / (2 * 128 * 128 * 2) == 1.0  # MHA
+    assert x(kv(8)) == 16.0 and x(kv(1)) == 128.0  # GQA with 8 K/V heads, MQA
+    absorbed = x(DEEPSEEK_V2, "MLA absorbed")
+    assert absorbed == pytest.approx(2 * 128 * (576 + 512) / (576 * 2)) and absorbed == pytest.approx(241.78, abs=0.01)
+    rebuilt = (4 * 128 * 512 * 128 + 2 * 128 * (128 + 64) + 2 * 128 * 128) / (576 * 2)
+    assert x(DEEPSEEK_V2, "MLA rebuilt") == pytest.approx(rebuilt)
+    # the softmax's 5 FLOPs per score, as in decode_step_cost; the timed float32 layer of the decode chapter
+    timed = ModelConfig("timed", 1, 1024, 8, 2, 128)
+    cost = decode_step_cost(1024, 8, 2, 4096, batch_size=3, dtype="float32")
+    by_hand = (4 * 8 * 128 + 5 * 8) / (2 * 2 * 128 * 4)
+    assert decode_attention_intensity(timed, "float32") == cost["attn_flops"] / cost["cache_bytes"] == by_hand
+    with pytest.raises(ValueError, match="no latent"):
+        decode_attention_intensity(kv(8), variant="MLA absorbed")
+    with pytest.raises(ValueError, match="variant"):
+        decode_attention_intensity(kv(8), variant="flash")

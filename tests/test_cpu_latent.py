@@ -47,11 +47,11 @@ def test_forward_is_mha_on_the_up_projected_keys_and_values():
 
 
 def test_absorbing_w_uk_past_rope_holds_only_per_pair_of_positions():
-    """Without RoPE absorption is exact: the decoding test above runs the absorbed weights against
+    """Without RoPE absorption is exact: the decoding test above runs the absorbed query against
     the uncompressed forward. With RoPE between the query and W_UK, one absorbed matrix does not fit
     every pair of positions."""
     layer = small(2)
-    W_UK, _ = layer.absorbed()
+    W_UK, _ = layer.head_projections()
     q, c = rng.standard_normal(6), rng.standard_normal(10)
     head = layer.W_UK[:, :6]  # (d_c, d_k): head 0
     R = lambda p: rotation_matrix(p, 6)  # noqa: E731
@@ -76,3 +76,40 @@ def test_latent_attention_rejects_bad_input():
         small().forward(np.zeros((1, 2, 23)))
     with pytest.raises(ValueError, match="one token"):
         small().decode_step(np.zeros((1, 2, 24)), small().new_cache(1, 4))
+
+
+def test_decoding_applies_w_uv_then_w_o_and_never_forms_their_product(monkeypatch):
+    """The value side of a decoding step is ((sum_j a_j c_j) W_UV_i) W_O_i: a (d_c x d_model) product per
+    head is never built. Every matrix product the step runs has W_O (h d_k x d_model) or a (d_c, d_k)
+    head of W_UV as its right operand, never a (d_c, d_model) one."""
+    layer = small(3)
+    cache = layer.new_cache(batch_size=1, max_len=4)
+    layer.prefill(rng.standard_normal((1, 3, 24)), cache)
+    seen = []
+    real_matmul = np.ndarray.__matmul__
+
+    class Spy(np.ndarray):
+        def __matmul__(self, other):
+            seen.append(np.shape(other)[-2:])
+            return real_matmul(np.asarray(self), np.asarray(other))
+
+        def __rmatmul__(self, other):
+            seen.append(np.shape(self)[-2:])
+            return real_matmul(np.asarray(other), np.asarray(self))
+
+    W_UK, W_UV = layer.head_projections()
+    assert W_UV.shape == (3, 10, 6) and W_UK.shape == (3, 6, 10)
+    monkeypatch.setattr(layer, "head_projections", lambda: (W_UK.view(Spy), W_UV.view(Spy)))
+    monkeypatch.setattr(layer, "W_O", layer.W_O.view(Spy))
+    layer.decode_step(rng.standard_normal((1, 1, 24)), cache)
+    assert seen[-2:] == [(10, 6), (18, 24)], seen  # the weighted latent through W_UV, then the merged heads through W_O
+    assert (10, 24) not in seen  # no (d_c, d_model) product of the two
+
+
+def test_the_absorbed_value_product_costs_more_than_w_uv_then_w_o_at_deepseek_v2_sizes():
+    """The exercise on absorbing W_UV: h d_c d_model numbers against d_c h d_k + h d_k d_model."""
+    ds = DEEPSEEK_V2
+    h, d_c, d_k, d = ds.n_heads, ds.kv_latent_dim, ds.head_dim, ds.d_model
+    product, apart = h * d_c * d, d_c * h * d_k + h * d_k * d
+    assert (product, apart) == (335_544_320, 92_274_688)
+    assert product / apart > 3.6

@@ -5,6 +5,7 @@ import pytest
 
 from mha_lab.measure import (
     blas_threads,
+    fastest_runs,
     fit_exponent,
     gemm_flops_per_second,
     interleaved_times,
@@ -33,6 +34,21 @@ def test_interleaved_times_can_report_the_fastest_run():
     assert fastest < 0.01
     with pytest.raises(ValueError, match="statistic"):
         interleaved_times({"a": sleepy}, statistic="mean")
+
+
+def test_fastest_runs_repeats_the_fastest_of_n_reading():
+    """Three readings, each the fastest of two calls (after one warm-up in the first round only): the readings
+    are what a fake clock says each round's fastest call took."""
+    ticks = iter([0, 5, 5, 7, 7, 11, 11, 14,  # round 1: a takes 5 and 4, b takes 2 and 3
+                  20, 26, 26, 27, 27, 29, 29, 33,  # round 2: a 6 and 2, b 1 and 4
+                  40, 43, 43, 46, 46, 49, 49, 50])  # round 3: a 3 and 3, b 3 and 1
+    calls = []
+    readings = fastest_runs({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, runs=3, repeat=2,
+                            clock=lambda: next(ticks))
+    assert readings == {"a": [4, 2, 3], "b": [2, 1, 1]}
+    assert calls == ["a", "b"] * 7  # one warm-up, then two timed calls of each in each of three rounds
+    with pytest.raises(ValueError, match="at least 2"):
+        fastest_runs({"a": lambda: None}, runs=1)
 
 
 def test_machine_ceilings_are_positive_rates():

@@ -77,16 +77,18 @@ def test_loop_vs_fused_timing_records_and_figure(monkeypatch):
     from mha_lab.plots import layout
     from mha_lab.plots.layout import plot_loop_vs_fused, time_loop_vs_fused
 
-    def fake_times(fns, repeat, statistic):
-        """Runs each candidate once (both must compute the same layer) and reports known times."""
-        assert statistic == "min"
+    def fake_runs(fns, runs, repeat):
+        """Runs each candidate once (both must compute the same layer) and reports known readings."""
+        assert runs == 2 and repeat == 2
         assert_close(fns["loop"]()[0], fns["fused"]())
         return times.pop(0)
 
-    times = [{"loop": 3.0, "fused": 1.5}, {"loop": 12.0, "fused": 1.5}]
-    monkeypatch.setattr(layout, "interleaved_times", fake_times)
+    times = [{"loop": [3.3, 3.0], "fused": [1.5, 1.6]}, {"loop": [12.0, 13.0], "fused": [1.5, 1.5]}]
+    monkeypatch.setattr(layout, "fastest_runs", fake_runs)
     records = time_loop_vs_fused(head_counts=(1, 4), batch_size=1, seq_len=8, d_model=16, repeat=2)
-    assert records == [{"heads": 1, "loop_s": 3.0, "fused_s": 1.5, "ratio": 2.0},
-                       {"heads": 4, "loop_s": 12.0, "fused_s": 1.5, "ratio": 8.0}]
+    assert records == [{"heads": 1, "loop_s": 3.0, "fused_s": 1.5, "ratio": 2.0, "loop_runs": [3.3, 3.0],
+                        "fused_runs": [1.5, 1.6]},
+                       {"heads": 4, "loop_s": 12.0, "fused_s": 1.5, "ratio": 8.0, "loop_runs": [12.0, 13.0],
+                        "fused_runs": [1.5, 1.5]}]
     ax = plot_loop_vs_fused(records).axes[0]
     assert len(ax.lines) == 2 and "(ms)" in ax.get_ylabel() and "heads" in ax.get_xlabel()

@@ -6,15 +6,18 @@ through a separate, **decoupled** RoPE part: a query part :math:`q^R_i` per head
 :math:`k^R` shared by all heads. Per token and layer the cache holds :math:`c` and :math:`k^R`,
 :math:`d_c + d_R` numbers, against :math:`2 h d_k` for MHA.
 
-Decoding never rebuilds the keys and values. The up-projections are **absorbed**: W_UK into the
-query and W_UV into the output projection,
+Decoding never rebuilds the keys and values. W_UK is **absorbed** into the query, and the
+attention-weighted latent goes through W_UV and then W_O:
 
 .. math:: q^C_i \cdot (c_j W_{UK,i}) = (q^C_i W_{UK,i}^\top) \cdot c_j, \qquad
-          \textstyle\sum_j a_{ij}\,(c_j W_{UV,i})\,W_{O,i} = (\sum_j a_{ij}\,c_j)\,(W_{UV,i} W_{O,i}),
+          \textstyle\sum_j a_{ij}\,(c_j W_{UV,i})\,W_{O,i} = \big((\sum_j a_{ij}\,c_j)\,W_{UV,i}\big)\,W_{O,i},
 
 which holds because :math:`W_{UK,i}` sits between the query and the latent with nothing
-position-dependent in between: that is why RoPE needs its own key. The query is not compressed
-here (DeepSeek-V2 compresses it too, to save activation memory in training, not cache).
+position-dependent in between: that is why RoPE needs its own key. The value side could also be
+regrouped into one matrix :math:`W_{UV,i} W_{O,i}` of :math:`d_c \times d_\text{model}` per head, but
+that matrix has more numbers than the two together and costs more FLOPs per token whenever
+:math:`d_k` is smaller than :math:`d_c` and :math:`d_\text{model}`, so it is not formed. The query is
+not compressed here (DeepSeek-V2 compresses it too, to save activation memory in training, not cache).
 """
 
 from __future__ import annotations
@@ -70,7 +73,7 @@ class LatentCache:
 
 class LatentAttention:
     r"""Multi-head latent attention: ``forward`` builds every head's keys and values (the uncompressed
-    form); ``prefill`` and ``decode_step`` attend over the cached latents with absorbed weights.
+    form); ``prefill`` and ``decode_step`` attend over the cached latents, W_UK absorbed into the query.
 
     .. math:: \mathrm{score}_{i}(m, n) = \frac{q^C_{i,m} \cdot k^C_{i,n} + (R_m q^R_{i,m}) \cdot (R_n k^R_n)}
               {\sqrt{d_k + d_R}}
@@ -129,18 +132,17 @@ class LatentAttention:
         Z, _ = scaled_dot_product_attention(Q, K, V, mask)  # scale 1/sqrt(d_k + d_R); (B, h, L, d_k)
         return merge_heads(Z) @ self.W_O  # (B, h, L, d_k) -> (B, L, h*d_k) -> (B, L, d_model)
 
-    def absorbed(self) -> tuple[np.ndarray, np.ndarray]:
-        r"""W_UK per head for the query, (h, d_k, d_c), and :math:`W_{UV,i} W_{O,i}`, (h, d_c, d_model)."""
+    def head_projections(self) -> tuple[np.ndarray, np.ndarray]:
+        """W_UK per head for the query, (h, d_k, d_c), and W_UV per head for the weighted latent, (h, d_c, d_k)."""
         h, d_k, d_c = self.num_heads, self.head_dim, self.latent_dim
         W_UK = self.W_UK.reshape(d_c, h, d_k).transpose(1, 2, 0)  # (d_c, h*d_k) -> (h, d_k, d_c)
         W_UV = self.W_UV.reshape(d_c, h, d_k).transpose(1, 0, 2)  # (d_c, h*d_k) -> (h, d_c, d_k)
-        W_O = self.W_O.reshape(h, d_k, self.d_model)  # (h*d_k, d_model) -> (h, d_k, d_model)
-        return W_UK, W_UV @ W_O  # (h, d_c, d_k) @ (h, d_k, d_model) -> (h, d_c, d_model)
+        return W_UK, W_UV
 
     def _attend_latent(self, X: np.ndarray, cache: LatentCache, offset: int,
                        mask: np.ndarray | None) -> np.ndarray:
-        """X's queries against the cached latents, absorbed: (B, L, d_model) -> same."""
-        W_UK, W_OV = self.absorbed()  # (h, d_k, d_c), (h, d_c, d_model)
+        """X's queries against the cached latents: (B, L, d_model) -> same."""
+        W_UK, W_UV = self.head_projections()  # (h, d_k, d_c), (h, d_c, d_k)
         q_c, q_r = self.queries(X, offset)  # (B, h, L, d_k), (B, h, L, d_R)
         q_lat = q_c @ W_UK  # (B, h, L, d_k) @ (h, d_k, d_c) -> (B, h, L, d_c)
         c = cache.latents[:, None]  # (B, t, d_c) -> (B, 1, t, d_c): shared by the heads
@@ -150,8 +152,8 @@ class LatentAttention:
         if mask is not None:
             scores += mask
         o_lat = softmax(scores) @ c  # (B, h, L, t) @ (B, 1, t, d_c) -> (B, h, L, d_c)
-        # sum over the heads of o_lat_i W_OV_i: (B, L, d_model)
-        return np.einsum("bhlc,hcm->blm", o_lat, W_OV)
+        Z = o_lat @ W_UV  # (B, h, L, d_c) @ (h, d_c, d_k) -> (B, h, L, d_k)
+        return merge_heads(Z) @ self.W_O  # (B, L, h*d_k) @ W_O -> (B, L, d_model)
 
     def new_cache(self, batch_size: int, max_len: int) -> LatentCache:
         """An empty cache for this layer: ``(d_c + d_R) * max_len * batch_size`` numbers."""

@@ -8,16 +8,27 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from dataclasses import replace
 from functools import partial
 
 import numpy as np
 from matplotlib.figure import Figure
 
-from mha_lab.analysis import GPU_PEAKS, MODEL_CONFIGS, DType, ModelConfig, decode_step_cost
+from mha_lab.analysis import (
+    DECODE_VARIANTS,
+    DEEPSEEK_V2,
+    GPU_PEAKS,
+    MODEL_CONFIGS,
+    DType,
+    ModelConfig,
+    decode_attention_intensity,
+    decode_step_cost,
+)
 from mha_lab.cpu import GroupedQueryAttention, KVCache, decode_step
 from mha_lab.measure import blas_threads, gemm_flops_per_second, interleaved_times, read_bytes_per_second
 from mha_lab.plots.style import check, legend_outside, log_ticks, new_figure
 from mha_lab.tables import markdown_table
+from mha_lab.verdict import roofline
 
 __all__ = ["decode_times", "plot_decode_times", "decode_times_table", "intensity_table", "main"]
 
@@ -113,4 +124,11 @@ def main(argv: list[str] | None = None) -> int:
     flops, bandwidth = GPU_PEAKS["H100 SXM"]
     ridge_here = gemm_flops_per_second() / read_bytes_per_second()
     print(f"\nRidge point (FLOPs per byte): this machine {ridge_here:.2g}, H100 SXM {flops / bandwidth:.0f}")
+    ds = DEEPSEEK_V2
+    per_variant = {f"GQA with {g} K/V heads" if kind == "GQA" else kind: decode_attention_intensity(
+        replace(ds, n_kv_heads=g, kv_latent_dim=None, rope_head_dim=None), "bfloat16")
+        for kind, g in (("MHA", ds.n_heads), ("GQA", 8), ("MQA", 1))}
+    per_variant.update({v: decode_attention_intensity(ds, "bfloat16", v) for v in DECODE_VARIANTS[1:]})
+    print(f"\nAttention's FLOPs per byte of cache, {ds.name}'s heads in bfloat16, against the H100's ridge: "
+          f"{roofline(per_variant, flops / bandwidth)}")
     return 0

@@ -9,7 +9,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from mha_lab.cpu import MultiHeadAttention, per_head_attention, split_heads
-from mha_lab.measure import interleaved_times
+from mha_lab.measure import fastest_runs
 from mha_lab.plots.style import check, legend_outside, log_ticks, new_figure
 
 __all__ = ["describe_layout", "plot_head_split_layout", "time_loop_vs_fused", "plot_loop_vs_fused"]
@@ -58,24 +58,26 @@ def plot_head_split_layout(seq_len: int = 3, num_heads: int = 2, d_k: int = 3) -
 
 
 def time_loop_vs_fused(head_counts: Sequence[int] = (1, 2, 4, 8, 16, 32, 64), batch_size: int = 2,
-                       seq_len: int = 64, d_model: int = 256, repeat: int = 9, seed: int = 0) -> list[dict[str, float]]:
+                       seq_len: int = 64, d_model: int = 256, repeat: int = 9, seed: int = 0,
+                       rounds: int = 2) -> list[dict]:
     """Fastest wall time of ``per_head_attention`` (a Python loop over heads) and of the fused
     ``MultiHeadAttention.forward`` on the same weights, for each head count.
 
-    The two run round-robin (``mha_lab.measure.interleaved_times``), so a burst of load on a shared
-    machine slows both rather than one, and each reports its fastest of ``repeat`` runs, since other
-    work on the machine only ever adds time. Returns one record per h:
-    ``{"heads", "loop_s", "fused_s", "ratio"}`` (seconds; ratio = loop / fused).
+    The two run round-robin (``mha_lab.measure.fastest_runs``), so a burst of load on a shared
+    machine slows both rather than one, and each reading is the fastest of ``repeat`` runs, since other
+    work on the machine only ever adds time; ``rounds`` readings are taken, to show how far they wander.
+    Returns one record per h: ``{"heads", "loop_s", "fused_s", "ratio", "loop_runs", "fused_runs"}``
+    (seconds, the fastest reading; ratio = loop / fused; the readings of each round).
     """
     X = np.random.default_rng(seed).standard_normal((batch_size, seq_len, d_model))  # (B, L, d_model)
     records = []
     for h in head_counts:
         layer = MultiHeadAttention(d_model, h, seed=seed)
-        t = interleaved_times({"loop": lambda layer=layer: per_head_attention(X, layer),
-                               "fused": lambda layer=layer: layer.forward(X)}, repeat=repeat,
-                               statistic="min")
-        loop, fused = t["loop"], t["fused"]
-        records.append({"heads": h, "loop_s": loop, "fused_s": fused, "ratio": loop / fused})
+        t = fastest_runs({"loop": lambda layer=layer: per_head_attention(X, layer),
+                          "fused": lambda layer=layer: layer.forward(X)}, runs=rounds, repeat=repeat)
+        loop, fused = min(t["loop"]), min(t["fused"])
+        records.append({"heads": h, "loop_s": loop, "fused_s": fused, "ratio": loop / fused,
+                        "loop_runs": t["loop"], "fused_runs": t["fused"]})
     return records
 
 

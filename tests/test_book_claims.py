@@ -1,0 +1,182 @@
+"""The book's sentences that a reader could check against the code or the literature, checked here.
+
+Each test reads a chapter's source (found by its label, so the file's name does not matter) and
+holds a sentence to the code or numbers it describes: an old wrong sentence fails, the corrected
+one passes.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from pathlib import Path
+
+BOOK = Path(__file__).resolve().parents[1] / "book"
+
+
+def page(label: str) -> str:
+    """The MyST source of the page whose first line is ``(label)=``."""
+    for path in sorted(BOOK.glob("*.md")):
+        text = path.read_text()
+        if text.split("---\n", 2)[-1].lstrip().startswith(f"({label})="):
+            return text
+    raise LookupError(f"no page starts with the label {label}")
+
+
+def prose(label: str) -> str:
+    """The page's text outside code cells, with line breaks folded to spaces."""
+    text = re.sub(r"```\{code-cell\}.*?```", "", page(label), flags=re.S)
+    return re.sub(r"\s+", " ", text)
+
+
+def test_mla_decoding_applies_w_uv_then_w_o_as_the_page_says():
+    from mha_lab.cpu.latent import LatentAttention
+
+    code = inspect.getsource(LatentAttention._attend_latent)
+    assert "@ W_UV" in code and "@ self.W_O" in code and "einsum" not in code
+    text = prose("ch-gqa")
+    assert "forms the product only to show" not in text and "above used both" not in text
+    assert "applies $W_{UV}$ and then $W_O$" in text
+    assert "That is the order `LatentAttention._attend_latent` uses." in text
+
+
+def test_decode_intensity_sentences_follow_the_computed_figures():
+    """No fixed "memory-bound" claim: the section's heading asks, and the verdicts are computed by
+    ``roofline`` from ``decode_attention_intensity`` against each ridge."""
+    text = prose("ch-gqa")
+    assert "## Why decoding is memory-bound" not in page("ch-gqa")
+    assert "## FLOPs per byte: when decoding is memory-bound" in page("ch-gqa")
+    assert "far below a GPU's ridge point of hundreds" not in text
+    assert "The only levers are fewer bytes per cached token" not in text
+    for key in ("int-ds-verdict", "int-here-verdict", "int-here-then", "int-mla-verdict", "int-summary"):
+        assert f"{{glue:text}}`{key}`" in text
+    src = page("ch-gqa")
+    assert 'roofline(int_ds, ridge_h100)' in src and 'roofline(int_here, ridge_here, margin_ridge)' in src
+    assert 'decode_attention_intensity(DEEPSEEK_V2, "bfloat16", v)' in src
+
+
+def test_read_matrix_is_compared_with_the_cache_by_a_computed_ratio():
+    text = prose("ch-gqa")
+    assert "twice the processor's last-level cache, kept between" not in text
+    assert "{glue:text}`t-read-vs-llc`" in text and "read_matrix_bytes() / llc" in page("ch-gqa")
+
+
+def test_enable_gqa_names_the_kernels_that_refuse_it():
+    text = prose("ch-gqa")
+    assert "pytorch/pytorch/issues/139586" in text
+    assert "memory-efficient kernel refuses fewer key/value heads" in text
+    assert "(any `attn_mask`, float32, a GPU older than Ampere)" in text
+
+
+def test_the_fused_backward_is_credited_to_flashattention_1_as_well():
+    text = prose("ch-memory")
+    assert "the second half of FlashAttention-2" not in text
+    assert "FlashAttention-2 fuses the backward into a kernel as well" not in text
+    assert "FlashAttention already had one (its Algorithm 4)" in text
+    assert "parallelises it over key blocks" in text
+
+
+def test_flashattention_2_is_not_said_to_use_the_same_tiles():
+    text = prose("ch-memory")
+    assert "as FlashAttention with the same tiles" not in text
+    assert "with block sizes of its own" in text
+
+
+def test_the_self_match_sentence_admits_the_ties_the_scores_show():
+    """The printed scores tie "the" with "on" and "mat" with "cat" (1.125 each): not "matches itself best"."""
+    import numpy as np
+
+    text = prose("ch-intuition")
+    assert "a word matches itself best" not in text
+    assert "{glue:text}`self-ties`" in text and "could even beat the match with itself" in text
+    vectors = {"the": [0, 0, 0, 1], "cat": [1, 1, 0, 0], "on": [0, 0, 0.5, 1], "mat": [1, 0, 0, 0]}
+    X = 1.5 * np.array(list(vectors.values()))
+    s = X @ X.T / 2
+    assert s[0, 0] == s[0, 2] == s[3, 3] == s[3, 1] == 1.125  # the ties the glue names
+
+
+def test_masking_introduction_names_cross_attention_and_places_causal_alignment_as_self_attention():
+    src, text = page("ch-masking"), prose("ch-masking")
+    assert "Two masks cover almost every use" not in text
+    assert "cross-attention, with queries from one sequence" in text
+    assert "how a causal mask is aligned when" in text
+    assert "### Causal masks when" not in src  # no longer a subsection of cross-attention
+    assert "## Causal self-attention with $L_q \\neq L_k$" in src
+    assert "The cases in this section are self-attention, not cross-attention" in text
+
+
+def test_the_traffic_section_uses_the_papers_blocks_and_states_the_standard_re_reads():
+    src, text = page("ch-memory"), prose("ch-memory")
+    assert "what it pays instead is re-reading $K$ and $V$ once for every query tile" not in text
+    assert "for every key/value block, $Q$, $O$, $s_\\text{max}$ and $\\ell$ are read" in text
+    assert "$B_c = \\lceil M_\\text{SRAM} / 4 d_k \\rceil$" in text
+    assert "so that only $S$ and $P$ differ" not in text
+    assert "its count is $2 L d_k (1 + T) + 4L^2$" in text
+    assert "and bend once the $b^2$ score tile takes a noticeable part of fast memory" not in text
+    assert "standard algorithm moves $\\Theta(L d_k + L^2)$ elements" not in text
+    assert 'tiling="square"' in text and "a variant kept for comparison" in text
+    assert "tr-big-fa1-elems" in src and "12 * N_big**2 * d_big**2 / M_big" in src
+
+
+def test_one_symbol_one_meaning_for_the_running_maximum_and_fast_memory():
+    """m is a query's position (positions chapter, RoPE); the running maximum is s_max. M is the mask;
+    fast memory is M_SRAM."""
+    for label in ("ch-memory", "ch-math"):
+        text = prose(label)
+        assert "running maximum $m$" not in text and "maximum $m$" not in text and "$m'" not in text
+        assert "s_\\text{max}" in text
+    assert "derived from $M$)" not in prose("ch-memory")
+    notation = page("notation")
+    assert "| $m$, $\\ell$, $\\text{acc}$ |" not in notation
+    assert "| $s_\\text{max}$, $\\ell$, $\\text{acc}$ |" in notation
+    assert "| $p$; $m$, $n$ |" in notation and "| $M$ | `mask` |" in notation
+
+
+def test_the_parts_rates_are_not_used_to_explain_a_forward_they_do_not_add_up_to():
+    src, text = page("ch-flops"), prose("ch-flops")
+    assert "{glue:text}`parts-vs-forward` {glue:text}`parts-caveat`" in text
+    assert "relation(parts_s[L], forward_s[L], margin)" in src
+    assert "the parts timed alone do not reproduce the forward" in src
+
+
+def test_an_array_of_exactly_a_caches_size_is_not_said_to_simply_fit_it():
+    from mha_lab.verdict import cache_fit
+
+    words = cache_fit(2**20, 2**26, {2: 2**20, 3: 32 * 2**20})
+    assert "exactly the size of its level-2 cache, so it fits there only while nothing else does" in words
+
+
+def test_timing_verdicts_rest_on_the_spread_measured_in_the_build():
+    """No asserted "one timing can be off by 10%": each timing chapter repeats its fastest-of-N readings,
+    takes their spread and passes ``timing_margin`` of it to every timing verdict."""
+    text = prose("ch-reshape")
+    assert "one timing can be off by" not in text and "{glue:text}`timing-noise`" not in text
+    assert "{glue:text}`loop-readings` ms and the fused layer {glue:text}`fused-readings` ms" in text
+    assert "no measurable difference on this machine" in text
+    for label in ("ch-reshape", "ch-flops", "ch-gqa"):
+        src = page(label)
+        assert "TIMING_MARGIN" not in src and "TIMING_NOISE" not in src, label
+        assert "timing_margin(" in src and "spread(" in src, label
+    gqa = page("ch-gqa")
+    for call in ('speed("MHA", at["MHA"]["ms"], "GQA", at["GQA"]["ms"], margin_pair)',
+                 'relation(at[n]["rate"], read_peak, margin_ceiling)',
+                 "relation(time_ratio, bytes_ratio, margin_pair)"):
+        assert call in gqa
+    assert 'speed("the loop", last["loop_s"], "the fused layer", last["fused_s"], margin)' in page("ch-reshape")
+
+
+def test_the_home_pages_map_names_each_chapter_by_its_number_and_title():
+    """The map's node "8 GQA, MQA, MLA and the KV cache" is chapter 8's title in the sidebar too, and the n-th
+    chapter of the table of contents is the map's n."""
+    import yaml
+
+    toc = yaml.safe_load((BOOK.parent / "_toc.yml").read_text())
+    numbered = [entry["file"] for part in toc["parts"] if part.get("numbered") for entry in part["chapters"]]
+    labels = dict(re.findall(r"\[(\d+) ([^\]]+)\]", page("home").split("```{mermaid}")[1].split("```")[0]))
+    assert len(labels) == len(numbered)
+    for n, file in enumerate(numbered, 1):
+        title = re.search(r"^# (.+)$", (BOOK.parent / f"{file}.md").read_text(), re.M).group(1)
+        assert title.lower().startswith(labels[str(n)].lower()) or labels[str(n)] in {
+            "Intuition", "Math and worked example", "Reshape trick and memory layout", "Backward pass",
+            "Graded assignments"}, (n, labels[str(n)], title)
+    assert labels["8"] == "GQA, MQA, MLA and the KV cache" and labels["4"] == "Masking and cross-attention"
