@@ -36,13 +36,13 @@ PAGES = {
     "07_flops_memory": "ch-flops",
     "08_gqa_mqa": "ch-gqa",
     "09_memory_efficient": "ch-memory",
-    "decoding": "ch-decoding",
-    "10_tensor_parallel": "ch-tp",
-    "11_pitfalls": "ch-pitfalls",
-    "12_grading": "ch-grading",
+    "10_decoding": "ch-decoding",
+    "11_tensor_parallel": "ch-tp",
+    "12_pitfalls": "ch-pitfalls",
+    "13_grading": "ch-grading",
     "bibliography": "bibliography",
 }
-CHAPTERS = [stem for stem in PAGES if stem not in ("intro", "notation", "12_grading", "bibliography")]  # they teach
+CHAPTERS = [stem for stem in PAGES if stem not in ("intro", "notation", "13_grading", "bibliography")]  # they teach
 BIB_KEYS = {
     "vaswani2017attention", "shazeer2019fast", "ainslie2023gqa", "dao2022flashattention",
     "dao2023flashattention2", "rabe2021self", "shoeybi2019megatron", "milakov2018online",
@@ -267,13 +267,13 @@ def test_chapter_does_not_redefine_package_code(stem):
 
 
 def test_grading_page_has_a_section_per_assignment():
-    text = page_source("12_grading").read_text()
+    text = page_source("13_grading").read_text()
     names = ["ps1_per_head_loop", "ps2_mqa", "ps3_memory_efficient", "ps4_backward", "ps5_decoding"]
     for n, name in enumerate(names, start=1):
-        assert f"(assignment-ps{n})=" in text, f"12_grading.md lacks the label assignment-ps{n}"
+        assert f"(assignment-ps{n})=" in text, f"13_grading.md lacks the label assignment-ps{n}"
         assert f"{{download}}`../assignments/{name}/{name}.ipynb`" in text or (
             f"<../assignments/{name}/{name}.ipynb>`" in text
-        ), f"12_grading.md does not offer {name}.ipynb for download"
+        ), f"13_grading.md does not offer {name}.ipynb for download"
 
 
 def test_bibliography_has_exactly_the_agreed_keys():
@@ -304,7 +304,7 @@ MAX_CODE_LINE = 85  # characters: what the text column shows at 1400 px without 
 PLUMBING = re.compile(r"\b(glue|Markdown)\(")
 
 
-@pytest.mark.parametrize("stem", [*CHAPTERS, "12_grading"])
+@pytest.mark.parametrize("stem", [*CHAPTERS, "13_grading"])
 def test_visible_code_fits_the_column_and_shows_no_plumbing(stem):
     """Code a reader sees teaches: short lines, and no cell that only glues values or builds tables."""
     problems = []
@@ -320,7 +320,7 @@ def test_visible_code_fits_the_column_and_shows_no_plumbing(stem):
     assert not problems, f"{stem}.md:\n  " + "\n  ".join(problems)
 
 
-@pytest.mark.parametrize("stem", [*CHAPTERS, "12_grading"])
+@pytest.mark.parametrize("stem", [*CHAPTERS, "13_grading"])
 def test_chapter_opens_with_its_goals_and_closes_with_a_summary(stem):
     text = page_source(stem).read_text()
     assert re.search(r"In this chapter you will learn|What you will learn", text), (

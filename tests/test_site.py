@@ -33,8 +33,8 @@ CHROMIUM_ARGS = [
 WIDTH = 1280
 PHONE_WIDTH = 390
 SCREENSHOT_PAGES = ["book/intro.html", "book/notation.html", "book/01_intuition.html", "book/02_math.html",
-                    "book/03_reshape.html", "book/10_tensor_parallel.html"]
-PHONE_SCREENSHOT_PAGES = ["book/02_math.html", "book/03_reshape.html", "book/10_tensor_parallel.html"]
+                    "book/03_reshape.html", "book/11_tensor_parallel.html"]
+PHONE_SCREENSHOT_PAGES = ["book/02_math.html", "book/03_reshape.html", "book/11_tensor_parallel.html"]
 CHAPTER = re.compile(r"book/\d\d_\w+\.html")
 SKIP_DIRS = {"_static", "_sources", "_images", "_downloads"}
 
