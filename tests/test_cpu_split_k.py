@@ -41,11 +41,16 @@ def test_a_chunk_may_not_be_empty():
 
 
 def test_split_counts_on_an_h100():
-    # batch 1, 32 heads, 32k tokens: FlashAttention-2's grid fills 32 of 132 SMs
+    # batch 1, 32 heads, 32k tokens: FlashAttention-2's grid fills 32 of the 2 x 132 program slots
     c = decode_programs(batch=1, heads=32, seq_len=32768, num_sms=132, block_n=128)
-    assert c["flash2"] == 32 and c["flash2_busy"] == pytest.approx(32 / 132)
-    assert c["splits"] == 4 and c["split_k"] == 128 and c["split_k_busy"] == pytest.approx(128 / 132)
-    # a batch that fills the GPU is not split
+    assert c["slots"] == 264 and c["flash2"] == 32 and c["flash2_busy"] == pytest.approx(32 / 264)
+    # 8 splits would fill 256 of 264 slots (97%), but 7 (224, 85%) is within 85% of that best and fewer
+    assert c["splits"] == 7 and c["split_k"] == 224 and c["split_k_busy"] == pytest.approx(224 / 264)
+    # batch 8: 256 programs already fill 80% of the slots, so no split
+    c8 = decode_programs(batch=8, heads=32, seq_len=32768, num_sms=132, block_n=128)
+    assert c8["splits"] == 1 and c8["split_k"] == 256
+    # one program per SM (the heuristic given the bare SM count) splits less
+    assert decode_programs(1, 32, 32768, num_sms=132, block_n=128, programs_per_sm=1)["splits"] == 4
     assert num_splits_heuristic(programs=128, num_sms=132, num_key_blocks=256) == 1
     # one program: efficiency n/132; of 87..128 splits only 128 changes the chunk size (2 blocks each)
     assert num_splits_heuristic(programs=1, num_sms=132, num_key_blocks=256) == 128

@@ -69,9 +69,11 @@ def split_k_attention(q: np.ndarray, K: np.ndarray, V: np.ndarray, num_splits: i
 def num_splits_heuristic(programs: int, num_sms: int, num_key_blocks: int, max_splits: int = 128) -> int:
     """How many chunks FlashAttention-2's split-KV path cuts the keys into (its ``num_splits_heuristic``).
 
-    No split when the B·h programs already fill 80% of the SMs. Otherwise, among the split counts
-    that change the chunk size, the wave efficiency of n splits is (programs·n / SMs) divided by
-    its ceiling; the smallest n within 85% of the best efficiency wins.
+    ``num_sms`` is what the heuristic is given: FlashAttention-2 passes twice the SMs (two
+    128-thread programs per SM); ``decode_programs`` does the same. No split when the B·h
+    programs already fill 80% of those slots. Otherwise, among the split counts that change the
+    chunk size, the wave efficiency of n splits is (programs·n / slots) divided by its ceiling;
+    the smallest n within 85% of the best efficiency wins.
     """
     if programs >= 0.8 * num_sms:
         return 1
@@ -88,18 +90,20 @@ def num_splits_heuristic(programs: int, num_sms: int, num_key_blocks: int, max_s
 
 
 def decode_programs(batch: int, heads: int, seq_len: int, num_sms: int = 132,
-                    block_n: int = 128) -> dict[str, float]:
-    """Programs launched for one decoding step, without and with split-K, and the share of SMs busy.
+                    block_n: int = 128, programs_per_sm: int = 2) -> dict[str, float]:
+    """Programs launched for one decoding step, without and with split-K, and the share of slots busy.
 
-    Returns ``flash2`` (B·h programs), ``splits``, ``split_k`` (B·h·splits programs) and the
-    busy share of the SMs in the last wave of each (``flash2_busy``, ``split_k_busy``).
+    FlashAttention-2's split-KV kernel runs programs of 128 threads, and its dispatcher counts
+    ``programs_per_sm`` = 2 of them per SM: the heuristic sees ``num_sms * programs_per_sm`` slots.
+    Returns ``flash2`` (B·h programs), ``splits``, ``split_k`` (B·h·splits programs), ``slots`` and
+    the share of the slots that the waves of each fill (``flash2_busy``, ``split_k_busy``).
     ``block_n`` is the key block a program reads per step.
     """
-    programs = batch * heads
-    splits = num_splits_heuristic(programs, num_sms, math.ceil(seq_len / block_n))
+    programs, slots = batch * heads, num_sms * programs_per_sm
+    splits = num_splits_heuristic(programs, slots, math.ceil(seq_len / block_n))
 
     def busy(n: int) -> float:
-        return n / (math.ceil(n / num_sms) * num_sms)
+        return n / (math.ceil(n / slots) * slots)
 
-    return {"flash2": programs, "splits": splits, "split_k": programs * splits,
+    return {"flash2": programs, "splits": splits, "split_k": programs * splits, "slots": slots,
             "flash2_busy": busy(programs), "split_k_busy": busy(programs * splits)}
