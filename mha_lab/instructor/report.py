@@ -17,7 +17,6 @@ gradebook (nbgrader's API) and the autograded notebooks, and grades nothing agai
 from __future__ import annotations
 
 import argparse
-import csv
 import html
 import io
 import re
@@ -31,9 +30,10 @@ import nbformat
 import numpy as np
 
 from mha_lab.grading import checks, course, judge
-from mha_lab.instructor import similarity
+from mha_lab.instructor import similarity, spreadsheet
 
-__all__ = ["TestsCell", "ClassData", "read_class", "cell_statistics", "misconceptions", "build", "main"]
+__all__ = ["TestsCell", "ClassData", "read_class", "cell_statistics", "misconceptions", "build",
+           "write_similarity_csv", "main"]
 
 
 @dataclass(frozen=True)
@@ -214,10 +214,7 @@ def build(root: Path, assignment: str) -> Path:
     pairs = similarity.compare(data.answers, data.stubs, _package_answers(assignment, root))
     out = root / "reports" / assignment
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / "similarity.csv", "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["student_a", "student_b", "similarity", "flagged"])
-        writer.writerows((p.student_a, p.student_b, f"{p.similarity:.3f}", str(p.flagged).lower()) for p in pairs)
+    write_similarity_csv(pairs, out / "similarity.csv")
     counts = {"submitted": len(data.submitted), "graded": len(data.scores),
               "not graded": len(data.submitted) - len(data.scores), "late": len(data.late)}
     flagged = [p for p in pairs if p.flagged]
@@ -226,6 +223,14 @@ def build(root: Path, assignment: str) -> Path:
     (out / "report.md").write_text(_markdown(data, counts, stats, groups, flagged))
     (out / "index.html").write_text(_html(data, counts, stats, groups, flagged, svg))
     return out
+
+
+def write_similarity_csv(pairs: Sequence[similarity.Pair], path: Path) -> None:
+    """``similarity.csv``: every pair, most similar first (student ids neutralised for spreadsheets)."""
+    with open(path, "w", newline="") as f:
+        writer = spreadsheet.writer(f)
+        writer.writerow(["student_a", "student_b", "similarity", "flagged"])
+        writer.writerows((p.student_a, p.student_b, f"{p.similarity:.3f}", str(p.flagged).lower()) for p in pairs)
 
 
 def _table_rows(stats: Sequence[dict]) -> list[tuple[str, ...]]:
