@@ -1,0 +1,276 @@
+"""What a student wrote cannot attack the instructor who opens the feedback or the exports.
+
+- The feedback page (``nbgrader generate_feedback`` through ``mha_lab.grading.course.feedback``) of a student whose
+  markdown, printed text, displayed HTML, JavaScript output and exception carry scripts, event handlers, frames
+  and ``javascript:`` links is opened in headless Chromium: none of them runs, the page logs no error, and the
+  rest (headings, math, bold, code, printed text, the messages as text) is still there to read.
+- Every CSV the project writes (``grades_<a>.csv``, the long export, the Canvas import, nbgrader's export and the
+  report's ``similarity.csv``) holds no cell a spreadsheet would run as a formula, keeps numbers numeric, and reads
+  back (``spreadsheet.DictReader``) as it was written.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import shutil
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+
+import nbformat
+import pytest
+from test_site import CHROMIUM, CHROMIUM_ARGS, needs_chromium
+
+from mha_lab.grading import course
+from mha_lab.grading.batch import CellResult, StudentResult
+from mha_lab.grading.safe_html import clean_html
+from mha_lab.instructor import gradesheet, lms, report, spreadsheet
+from mha_lab.instructor.classroom import REPO
+from mha_lab.instructor.term import Late
+
+RUN = "(window.pwned = window.pwned || []).push('{}'); document.title = 'pwned'"
+MARKDOWN = f"""# Notes on the loop
+
+Here $x^2 < y$ and `split_heads` and **bold**.
+
+<script>{RUN.format('script')}</script>
+
+<img src=x onerror="{RUN.format('img-onerror')}">
+
+<iframe srcdoc="<script>parent.pwned = ['iframe']; parent.document.title = 'pwned'</script>"></iframe>
+
+<a href="javascript:{RUN.format('link')}" id="js-link">a link</a>
+"""
+OWN_CELL = (f'<svg onload="{RUN.format("svg")}"></svg> my own cell '
+            f'<details open ontoggle="{RUN.format("details")}">more</details><style>body {{display: none}}</style>')
+
+
+def _hostile_notebook() -> nbformat.NotebookNode:
+    """An autograded notebook: a markdown answer, a cell of the student's own, a code answer and a tests cell
+    whose outputs carry HTML the student's code printed, displayed and raised."""
+    answer_md = nbformat.v4.new_markdown_cell(MARKDOWN)
+    answer_md.metadata["nbgrader"] = {"grade_id": "ans_md", "solution": True, "grade": False, "locked": False}
+    answer = nbformat.v4.new_code_cell("def f(x):\n    return x + 1")
+    answer.metadata["nbgrader"] = {"grade_id": "ans_f", "solution": True, "grade": False, "locked": False}
+    tests = nbformat.v4.new_code_cell("assert f(1) == 2")
+    tests.metadata["nbgrader"] = {"grade_id": "t_f", "grade": True, "solution": False, "points": 1.0, "locked": True}
+    tests.outputs = [
+        nbformat.v4.new_output("stream", name="stdout", text=f"<script>{RUN.format('stdout')}</script> printed"),
+        nbformat.v4.new_output("display_data", data={"text/plain": "x", "text/html": (
+            f"<b>shown in bold</b><img src=x onerror=\"{RUN.format('html-output')}\">")}),
+        nbformat.v4.new_output("display_data", data={"text/plain": "x", "application/javascript": RUN.format("js")}),
+        nbformat.v4.new_output("display_data", data={"text/plain": "x", "text/markdown": (
+            f"<img src=x onerror=\"{RUN.format('markdown-output')}\">")}),
+        nbformat.v4.new_output("error", ename=f"<img src=x onerror=\"{RUN.format('ename')}\">",
+                               evalue=f"<script>{RUN.format('evalue')}</script>",
+                               traceback=[f"<img src=x onerror=\"{RUN.format('traceback')}\">"])]
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [answer_md, nbformat.v4.new_markdown_cell(OWN_CELL), answer, tests]
+    return nb
+
+
+@pytest.fixture(scope="module")
+def hostile_feedback(tmp_path_factory) -> Path:
+    """The feedback page of one hostile student, generated the way ``make grade`` does."""
+    root = tmp_path_factory.mktemp("course")
+    shutil.copy(REPO / "nbgrader_config.py", root)
+    nb = _hostile_notebook()
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])  # nbgrader runs alembic
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("PATH", path)
+        with course.gradebook(root) as gb:
+            gb.update_or_create_assignment("hw")
+            gb.add_notebook("hw", "hw")
+            gb.add_grade_cell("t_f", "hw", "hw", max_score=1.0, cell_type="code")
+            gb.add_source_cell("t_f", "hw", "hw", cell_type="code", source=nb.cells[3].source, locked=True)
+            for cell in (nb.cells[0], nb.cells[2]):
+                gb.add_solution_cell(cell.metadata.nbgrader["grade_id"], "hw", "hw")
+                gb.add_source_cell(cell.metadata.nbgrader["grade_id"], "hw", "hw", cell_type=cell.cell_type, source="")
+            gb.update_or_create_student("eve")
+            gb.add_submission("hw", "eve")
+            gb.find_grade("t_f", "hw", "hw", "eve").auto_score = 1.0
+            gb.db.commit()
+    folder = root / "autograded" / "eve" / "hw"
+    folder.mkdir(parents=True)
+    nbformat.write(nb, folder / "hw.ipynb")
+    assert course.feedback(root, "hw", ["eve"]) == ""
+    return root / "feedback" / "eve" / "hw" / "hw.html"
+
+
+@pytest.mark.slow
+@needs_chromium
+def test_no_script_of_the_student_runs_in_the_feedback(hostile_feedback):
+    from playwright.sync_api import sync_playwright
+
+    errors, external = [], []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page()
+            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+            page.on("pageerror", lambda e: errors.append(str(e)))
+
+            def offline(route):  # the page's own MathJax is answered empty; a request elsewhere would be noted
+                url = route.request.url
+                if url.startswith("https://cdnjs.cloudflare.com/ajax/libs/mathjax/"):
+                    return route.fulfill(status=200, content_type="text/javascript", body="")
+                if not url.startswith(("file://", "data:")):
+                    external.append(url)
+                    return route.abort()
+                return route.continue_()
+
+            page.route("**/*", offline)
+            page.goto(hostile_feedback.as_uri(), wait_until="load")
+            page.locator("#js-link").click()  # a link the student wrote goes nowhere
+            page.wait_for_timeout(300)
+            ran, title = page.evaluate("window.pwned"), page.title()
+            text = page.locator("body").inner_text()
+            frames = len(page.frames)
+            heading = page.locator("h1").first.inner_text()
+        finally:
+            browser.close()
+    assert ran is None and title == "hw", (ran, title)
+    assert not errors, errors
+    assert not external, external  # no image or frame of the student's was fetched
+    assert frames == 1  # no iframe survived
+    assert heading.startswith("Notes on the loop")
+    for kept in ("$x^2 < y$", "split_heads", "bold", "my own cell", "a link", "printed", "shown in bold",
+                 "def f(x):", "window.pwned"):  # the printed text and the messages are shown as text
+        assert kept in text, kept
+
+
+class _Markup(HTMLParser):
+    """The elements of a page and the attributes that could run or load something."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: list[str] = []
+        self.risky: list[tuple[str, str, str]] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append(tag)
+        for name, value in attrs:
+            if name.startswith("on") or name == "srcdoc" or (value or "").strip().lower().startswith("javascript:"):
+                self.risky.append((tag, name, value or ""))
+
+
+@pytest.mark.slow
+def test_the_feedback_html_holds_no_markup_of_the_student(hostile_feedback):
+    page = hostile_feedback.read_text()
+    markup = _Markup()
+    markup.feed(page)
+    assert markup.risky == []
+    body = markup.tags[markup.tags.index("body"):]  # the head holds the page's own MathJax and its config
+    assert not {"script", "iframe", "svg", "object", "embed"} & set(body), body
+    assert "display: none" not in page  # the student's <style> went with its content
+    assert "&lt;img src=x onerror=" in page  # the exception's name, as text, in the "Not counted" note
+
+
+def test_the_sanitiser_keeps_what_feedback_needs():
+    kept = clean_html('<h2 id="a">T<a class="anchor-link" href="#a">#</a></h2><p>$a &lt; b$ <code>x</code></p>'
+                      '<div class="highlight"><pre><span class="k">def</span></pre></div><table><tr><td>1</td></tr>'
+                      '</table><img src="data:image/png;base64,iVBORw0KGgo=" alt="plot">')
+    for part in ('<h2 id="a">', 'class="anchor-link" href="#a"', "$a &lt; b$", "<code>x</code>",
+                 '<span class="k">def</span>', "<td>1</td>", 'src="data:image/png;base64,iVBORw0KGgo="'):
+        assert part in kept, (part, kept)
+    gone = clean_html('<img src="https://tracker.example/p.png"><a href="data:text/html,hi">d</a>'
+                      '<form action="/x"><input name="q"></form><object data="x.swf"></object>')
+    assert "tracker" not in gone and "data:" not in gone and "<form" not in gone and "<object" not in gone
+
+
+# --- CSV exports ---------------------------------------------------------------------------------------------
+
+HOSTILE_IDS = ["=2+5", "@SUM(1+1)", "+cmd|' /C calc'!A0", "-2+3", "\tfoo", "'=already"]
+
+
+def _formulas(path: Path) -> list[str]:
+    """The cells of ``path`` a spreadsheet would read as a formula: a formula start that is not a plain number."""
+    with open(path, newline="", encoding="utf-8") as f:
+        cells = [c for row in csv.reader(f) for c in row]
+    return [c for c in cells if c.startswith(spreadsheet.FORMULA_START) and not _number(c)]
+
+
+def _number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return text.strip() == text and text.lower().lstrip("+-") not in ("inf", "nan", "infinity")
+
+
+def test_a_cell_is_neutralised_only_when_a_spreadsheet_would_run_it():
+    for text in [*HOSTILE_IDS, "\rx", "'", "''"]:
+        assert spreadsheet.neutral(text).startswith("'") and spreadsheet.restore(spreadsheet.neutral(text)) == text
+    for value in ["-2.2", "-1", "+3", "1e-3", "-.5", "ann", "", "2026-11-20 17:00:00", -2.5, 0, None]:
+        assert spreadsheet.neutral(value) == value
+    assert spreadsheet.neutral("-inf") == "'-inf" and spreadsheet.neutral("-1e") == "'-1e"  # not numbers
+
+
+def test_grades_csv_neutralises_ids_and_messages_and_keeps_numbers(tmp_path):
+    out = tmp_path / "grades_hw.csv"
+    results = [StudentResult(s, 1.0, 3.0, [CellResult("t_a", 1.0, 1.0), CellResult("t_b", 0.0, 2.0, "-boom")],
+                             notebooks={"hw.ipynb": {}}, error="=HYPERLINK(\"x\")" if i == 0 else "")
+               for i, s in enumerate(HOSTILE_IDS)]
+    late = {HOSTILE_IDS[0]: Late(seconds_late=30 * 3600, penalty=2.0)}  # a penalty above the score: final -1
+    gradesheet.write_csv(results, out, everyone=[*HOSTILE_IDS, "@absent"], late=late)
+    assert _formulas(out) == []
+    gradesheet.write_csv(results[:1], out, late=late)  # grading one again merges with the rows read back
+    with open(out, newline="") as f:
+        rows = {r["student"]: r for r in spreadsheet.DictReader(f)}
+    assert sorted(rows) == sorted([*HOSTILE_IDS, "@absent"])
+    assert rows["=2+5"]["error"] == '=HYPERLINK("x")' and rows["=2+5"]["failed"] == "t_b (boom)"
+    with open(out, newline="") as f:
+        raw = {r["status"] + r["final_score"] for r in csv.DictReader(f) if r["penalty"] == "2"}
+    assert raw == {"graded-1"}  # the negative final score is written as a number, unquoted
+    assert _formulas(out) == []
+
+
+def test_long_canvas_and_nbgrader_exports_neutralise_ids(tmp_path):
+    grades = {(s, "hw"): lms.Grade(s, "hw", "graded", 2.5, 3.0, 0.5, 3.0, "2026-11-20 12:00:00", -3600.0)
+              for s in HOSTILE_IDS}
+    long = tmp_path / "long.csv"
+    lms.write_long(grades, long)
+    assert _formulas(long) == []
+    with open(long, newline="") as f:
+        rows = list(spreadsheet.DictReader(f))
+    assert sorted(r["student"] for r in rows) == sorted(HOSTILE_IDS)
+    assert {(r["score"], r["seconds_late"]) for r in rows} == {("2.5", "-3600.0")}  # numbers stay numbers
+    export, roster = tmp_path / "canvas.csv", [s for s in HOSTILE_IDS if s.strip() == s]  # Canvas ids are trimmed
+    grades = {k: g for k, g in grades.items() if k[0] in roster}
+    with open(export, "w", newline="") as f:
+        csv.writer(f).writerows([["Student", "ID", "SIS User ID", "SIS Login ID", "Section", "hw (12)"],
+                                 ["    Points Possible", "", "", "", "", "3"],
+                                 *[[f"=Name{i}", str(100 + i), f"u{i}", s, "@S1", ""]
+                                   for i, s in enumerate(roster)]])
+    out = tmp_path / "import.csv"
+    assert lms.canvas(export, grades, out) == []
+    assert _formulas(out) == []
+    back = list(csv.reader(open(out, newline="")))
+    assert back[1] == ["    Points Possible", "", "", "", "", "3"]
+    assert {spreadsheet.restore(r[3]): r[5] for r in back[2:]} == {s: "2.5" for s in roster}
+
+
+@pytest.mark.slow
+def test_nbgrader_export_and_similarity_csv_neutralise_ids(tmp_path, monkeypatch):
+    from nbgrader.apps import ExportApp
+    from nbgrader.coursedir import CourseDirectory
+
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")  # nbgrader's alembic
+    with course.gradebook(tmp_path) as gb:
+        gb.add_assignment("hw")
+        for s in HOSTILE_IDS:
+            gb.update_or_create_student(s, last_name="=cmd()", first_name="-x")
+    app = ExportApp()
+    app.coursedir = CourseDirectory(root=str(tmp_path))
+    out = tmp_path / "grades.csv"
+    with course.gradebook(tmp_path) as gb:
+        lms.CsvExport(parent=app, to=str(out)).export(gb)
+    assert _formulas(out) == []
+    with open(out, newline="") as f:
+        assert sorted(r["student_id"] for r in spreadsheet.DictReader(f)) == sorted(HOSTILE_IDS)
+    sim = tmp_path / "similarity.csv"
+    report.write_similarity_csv([], sim)  # the header alone: no pairs
+    pairs = [report.similarity.Pair(a, b, 0.5, True) for a, b in zip(HOSTILE_IDS, HOSTILE_IDS[1:], strict=False)]
+    report.write_similarity_csv(pairs, sim)
+    assert _formulas(sim) == []
