@@ -321,6 +321,8 @@ def test_similarity_flags_copies_however_padded_or_moved(package):
         key = tuple(sorted(["loops", copy]))
         assert pairs[key].flagged and score[key] >= 0.9, (key, score[key])
     assert pairs["pasted", "mha_lab"].flagged, score["pasted", "mha_lab"]
+    broken = {"x": code["pasted"] + "\n\ndef unfinished(:\n"}  # a cell that does not parse hides nothing
+    assert similarity.compare(broken, _given(), package)[0].flagged
     independent = ["loops", "compact", "reference"]
     for a in independent:
         assert not pairs[a, "mha_lab"].flagged and score[a, "mha_lab"] < 0.4, (a, score[a, "mha_lab"])

@@ -224,7 +224,7 @@ def build(root: Path, assignment: str) -> Path:
     root = Path(root).resolve()
     data = read_class(root, assignment)
     stats, groups = cell_statistics(data), misconceptions(data)
-    pairs = similarity.compare(data.code, data.given, _package_answers(assignment, root))
+    pairs = similarity.compare(data.code, data.given, _package_answers(assignment, root), shown=SIDE_BY_SIDE)
     out = root / "reports" / assignment
     out.mkdir(parents=True, exist_ok=True)
     write_similarity_csv(pairs, out / "similarity.csv")

@@ -67,7 +67,7 @@ class Code:
 @dataclass
 class Pair:
     """Two submissions (or one and the package) compared: their code as shown, and the character spans of each
-    that the other shares (student-written code only)."""
+    that the other shares (student-written code only); empty for a pair of students ``compare`` does not show."""
 
     student_a: str
     student_b: str
@@ -81,7 +81,7 @@ class Pair:
 
 def tokenise(text: str) -> Code:
     """``text``'s tokens, normalised (names -> ``V`` but attributes and builtins, strings -> ``S``, docstrings
-    and comments dropped, line ends kept); code Python cannot tokenise is split into words and symbols."""
+    and comments dropped, line ends kept); from where Python cannot tokenise on, words and symbols."""
     starts = _line_starts(text)
     tokens, spans = [], []
     try:
@@ -110,10 +110,11 @@ def tokenise(text: str) -> Code:
             last = tok.string
             tokens.append(norm)
             spans.append((int(starts[tok.start[0] - 1] + tok.start[1]), int(starts[tok.end[0] - 1] + tok.end[1])))
-    except (tokenize.TokenError, IndentationError, SyntaxError):
-        found = list(re.finditer(r"\w+|\S", text))
-        tokens = [m.group() if m.group() in _KEEP or not m.group()[0].isalpha() else "V" for m in found]
-        spans = [m.span() for m in found]
+    except (tokenize.TokenError, IndentationError, SyntaxError):  # the rest, from the last token read
+        rest = spans[-1][1] if spans else 0
+        found = list(re.finditer(r"\w+|\S", text[rest:]))
+        tokens += [m.group() if m.group() in _KEEP or not m.group()[0].isalpha() else "V" for m in found]
+        spans += [(rest + m.start(), rest + m.end()) for m in found]
     return Code(text, tuple(tokens), tuple(spans))
 
 
@@ -129,8 +130,9 @@ def _grams(code: Code) -> np.ndarray:
 
 
 def _covered(grams: np.ndarray, chosen: np.ndarray, n_tokens: int) -> np.ndarray:
-    """Per token: whether a k-gram whose hash is in ``chosen`` covers it."""
-    hit = np.isin(grams, chosen).astype(np.int64)
+    """Per token: whether a k-gram whose hash is in ``chosen`` (sorted) covers it."""
+    at = np.minimum(np.searchsorted(chosen, grams), max(len(chosen) - 1, 0))
+    hit = (chosen[at] == grams).astype(np.int64) if len(chosen) else np.zeros(len(grams), np.int64)
     return np.convolve(hit, np.ones(K, dtype=np.int64))[:n_tokens] > 0 if len(hit) else np.zeros(n_tokens, bool)
 
 
@@ -146,50 +148,68 @@ class _Side:
         self.own = ~_covered(self.grams, given, len(self.code.tokens)) & ~on_given_line
         self.mine = np.setdiff1d(self.grams, given)  # k-grams that are not given
 
-    def coverage(self, other: _Side, region: np.ndarray | None = None) -> tuple[float, int, list[tuple[int, int]]]:
-        """(share of own tokens covered by k-grams ``other`` has too, their number, their character spans); only
-        the tokens in ``region`` (a mask) count when it is given."""
+    def coverage(self, other: _Side, region: np.ndarray | None = None) -> tuple[float, int, np.ndarray]:
+        """(share of own tokens covered by k-grams ``other`` has too, their number, which they are); only the
+        tokens in ``region`` (a mask) count when it is given."""
         own = self.own if region is None else self.own & region
         shared = np.intersect1d(self.mine, other.mine, assume_unique=True)
         if not len(shared) or not own.any():
-            return 0.0, 0, []
+            return 0.0, 0, np.zeros(len(self.code.tokens), bool)
         hit = _covered(self.grams, shared, len(self.code.tokens)) & own
-        return float(hit.sum()) / int(own.sum()), int(hit.sum()), _runs(self.code.text, self.code.spans, hit)
+        return float(hit.sum()) / int(own.sum()), int(hit.sum()), hit
+
+    def marks(self, hit: np.ndarray) -> list[tuple[int, int]]:
+        """Character spans of the ``hit`` tokens, neighbours joined across whitespace only (a docstring or
+        comment between them is not compared, so it is not marked)."""
+        runs: list[tuple[int, int]] = []
+        for i in np.flatnonzero(hit):
+            start, end = self.code.spans[i]
+            if runs and not self.code.text[runs[-1][1]:start].strip():
+                runs[-1] = (runs[-1][0], end)
+            else:
+                runs.append((start, end))
+        return runs
 
     def task(self, name: str) -> np.ndarray:
         """The tokens of function ``name`` and of every function of this code it calls, transitively (the task's
-        code wherever the student put it); none when it defines no such function or cannot be parsed."""
+        code wherever the student put it); none when it defines no such function."""
         region = np.zeros(len(self.code.tokens), bool)
-        try:
-            tree = ast.parse(self.code.text)
-        except (SyntaxError, ValueError):
-            return region
-        defs = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)}
-        todo, seen = [name], set()
-        starts = _line_starts(self.code.text)
+        defs = _definitions(self.code.text)
         token_starts = np.array([start for start, _ in self.code.spans], dtype=np.int64)
+        todo, seen = [name], set()
         while todo:
-            node = defs.get(todo.pop())
-            if node is None or node.name in seen:
+            found = defs.get(todo.pop())
+            if found is None or found[0] in seen:
                 continue
-            seen.add(node.name)
-            first = node.decorator_list[0] if node.decorator_list else node
-            lo, hi = starts[first.lineno - 1] + first.col_offset, starts[node.end_lineno - 1] + node.end_col_offset
-            region |= (token_starts >= lo) & (token_starts < hi)
-            todo += [n.id for n in ast.walk(node) if isinstance(n, ast.Name) and n.id in defs]
+            seen.add(found[0])
+            region |= (token_starts >= found[0]) & (token_starts < found[1])
+            todo += sorted(found[2] & defs.keys())
         return region
 
 
-def _runs(text: str, spans: Sequence[tuple[int, int]], hit: np.ndarray) -> list[tuple[int, int]]:
-    """Character spans of the hit tokens, neighbours joined across whitespace only (a docstring or comment
-    between them is not compared, so it is not marked)."""
-    runs: list[tuple[int, int]] = []
-    for (start, end), h in zip(spans, hit, strict=True):
-        if h and runs and not text[runs[-1][1]:start].strip():
-            runs[-1] = (runs[-1][0], end)
-        elif h:
-            runs.append((start, end))
-    return runs
+def _definitions(text: str) -> dict[str, tuple[int, int, set[str]]]:
+    """Top-level function name -> (start, end) in ``text`` and the names its body uses. Code that does not parse
+    as a whole is parsed piece by piece, a piece from each line that starts at the first column to the next."""
+    try:
+        pieces = [(0, ast.parse(text))]
+    except (SyntaxError, ValueError):
+        cuts = sorted({0, *(m.start() for m in re.finditer(r"^[^\s#)\]}]", text, re.M)), len(text)})
+        pieces = []
+        for lo, hi in zip(cuts, cuts[1:], strict=False):
+            try:
+                pieces.append((lo, ast.parse(text[lo:hi])))
+            except (SyntaxError, ValueError):
+                continue
+    defs = {}
+    for offset, tree in pieces:
+        starts = _line_starts(text[offset:]) + offset
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                first = node.decorator_list[0] if node.decorator_list else node
+                defs[node.name] = (int(starts[first.lineno - 1] + first.col_offset),
+                                   int(starts[node.end_lineno - 1] + node.end_col_offset),
+                                   {n.id for n in ast.walk(node) if isinstance(n, ast.Name)})
+    return defs
 
 
 def package_source(names: Iterable[str]) -> str:
@@ -249,15 +269,21 @@ def _callees(fn: types.FunctionType) -> list[types.FunctionType]:
     return found
 
 
-def compare(code: Mapping[str, str], given: Iterable[str], package: Mapping[str, str] | None = None) -> list[Pair]:
+def compare(code: Mapping[str, str], given: Iterable[str], package: Mapping[str, str] | None = None,
+            shown: int = 40) -> list[Pair]:
     """Every pair of students of ``code`` (student -> all the code they wrote, as one text), and each student
     against ``package`` (task -> the package's source for it), highest similarity first. ``given``: the
-    release's code (given cells, tests cells, answer stubs)."""
+    release's code (given cells, tests cells, answer stubs). The code and its marks are filled in for every
+    pair with the package and the ``shown`` most similar flagged pairs of students."""
     given = list(given)
     given_grams = np.unique(np.concatenate([_grams(tokenise(g)) for g in given] or [np.zeros(0, np.int64)]))
     given_lines = frozenset(line.strip() for g in given for line in g.splitlines()) - {""}
     sides = {s: _Side(text[:MAX_CHARS], given_grams, given_lines) for s, text in code.items()}
     pairs = [_pair(a, b, sides[a], sides[b]) for a, b in combinations(sorted(sides), 2)]
+    for p in sorted((p for p in pairs if p.flagged), key=lambda p: -p.similarity)[:shown]:
+        x, y = sides[p.student_a], sides[p.student_b]
+        p.code_a, p.code_b, p.spans_a, p.spans_b = x.code.text, y.code.text, x.marks(x.coverage(y)[2]), \
+            y.marks(y.coverage(x)[2])
     if package:
         whole = _Side("\n\n".join(package.values()), given_grams)
         tasks = {t: _Side(text, given_grams) for t, text in package.items()}
@@ -271,8 +297,7 @@ def _flag(scores: Sequence[tuple[float, int]]) -> tuple[float, bool]:
 
 
 def _pair(a: str, b: str, x: _Side, y: _Side) -> Pair:
-    (share_a, hit_a, spans_a), (share_b, hit_b, spans_b) = x.coverage(y), y.coverage(x)
-    return Pair(a, b, *_flag([(share_a, hit_a), (share_b, hit_b)]), x.code.text, y.code.text, spans_a, spans_b)
+    return Pair(a, b, *_flag([x.coverage(y)[:2], y.coverage(x)[:2]]))
 
 
 def _against_package(student: str, side: _Side, whole: _Side, tasks: Mapping[str, _Side]) -> Pair:
@@ -283,5 +308,5 @@ def _against_package(student: str, side: _Side, whole: _Side, tasks: Mapping[str
         region = side.task(name)
         if region.any():
             scores += [side.coverage(package, region)[:2], package.coverage(side)[:2]]
-    return Pair(student, PACKAGE, *_flag(scores), side.code.text, whole.code.text, side.coverage(whole)[2],
-                whole.coverage(side)[2])
+    return Pair(student, PACKAGE, *_flag(scores), side.code.text, whole.code.text,
+                side.marks(side.coverage(whole)[2]), whole.marks(whole.coverage(side)[2]))
