@@ -98,9 +98,9 @@ def hostile_feedback(tmp_path_factory) -> Path:
     return root / "feedback" / "eve" / "hw" / "hw.html"
 
 
-@pytest.mark.slow
-@needs_chromium
-def test_no_script_of_the_student_runs_in_the_feedback(hostile_feedback):
+def _open(page_path: Path, click: str = "") -> dict:
+    """Open a page in headless Chromium, offline (the page's MathJax answered empty), clicking ``click`` if given:
+    what the student's scripts set, the console's errors, the requests that left the disk, frames, text."""
     from playwright.sync_api import sync_playwright
 
     errors, external = [], []
@@ -111,7 +111,7 @@ def test_no_script_of_the_student_runs_in_the_feedback(hostile_feedback):
             page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
             page.on("pageerror", lambda e: errors.append(str(e)))
 
-            def offline(route):  # the page's own MathJax is answered empty; a request elsewhere would be noted
+            def offline(route):
                 url = route.request.url
                 if url.startswith("https://cdnjs.cloudflare.com/ajax/libs/mathjax/"):
                     return route.fulfill(status=200, content_type="text/javascript", body="")
@@ -121,23 +121,29 @@ def test_no_script_of_the_student_runs_in_the_feedback(hostile_feedback):
                 return route.continue_()
 
             page.route("**/*", offline)
-            page.goto(hostile_feedback.as_uri(), wait_until="load")
-            page.locator("#js-link").click()  # a link the student wrote goes nowhere
+            page.goto(page_path.as_uri(), wait_until="load")
+            if click:
+                page.locator(click).click()
             page.wait_for_timeout(300)
-            ran, title = page.evaluate("window.pwned"), page.title()
-            text = page.locator("body").inner_text()
-            frames = len(page.frames)
-            heading = page.locator("h1").first.inner_text()
+            return {"ran": page.evaluate("window.pwned"), "title": page.title(), "errors": errors,
+                    "external": external, "frames": len(page.frames), "text": page.locator("body").inner_text(),
+                    "h1": page.locator("h1").first.inner_text() if page.locator("h1").count() else ""}
         finally:
             browser.close()
-    assert ran is None and title == "hw", (ran, title)
-    assert not errors, errors
-    assert not external, external  # no image or frame of the student's was fetched
-    assert frames == 1  # no iframe survived
-    assert heading.startswith("Notes on the loop")
+
+
+@pytest.mark.slow
+@needs_chromium
+def test_no_script_of_the_student_runs_in_the_feedback(hostile_feedback):
+    seen = _open(hostile_feedback, click="#js-link")  # a link the student wrote goes nowhere
+    assert seen["ran"] is None and seen["title"] == "hw", (seen["ran"], seen["title"])
+    assert not seen["errors"], seen["errors"]
+    assert not seen["external"], seen["external"]  # no image or frame of the student's was fetched
+    assert seen["frames"] == 1  # no iframe survived
+    assert seen["h1"].startswith("Notes on the loop")
     for kept in ("$x^2 < y$", "split_heads", "bold", "my own cell", "a link", "printed", "shown in bold",
                  "def f(x):", "window.pwned"):  # the printed text and the messages are shown as text
-        assert kept in text, kept
+        assert kept in seen["text"], kept
 
 
 class _Markup(HTMLParser):
@@ -274,3 +280,56 @@ def test_nbgrader_export_and_similarity_csv_neutralise_ids(tmp_path, monkeypatch
     pairs = [report.similarity.Pair(a, b, 0.5, True) for a, b in zip(HOSTILE_IDS, HOSTILE_IDS[1:], strict=False)]
     report.write_similarity_csv(pairs, sim)
     assert _formulas(sim) == []
+
+
+# --- the whole way: graded by the real command, exported, opened ------------------------------------------------
+
+
+@pytest.mark.slow
+@needs_chromium
+def test_a_hostile_class_graded_for_real_attacks_nobody(tmp_path, monkeypatch):
+    """Students ``=2+5`` and ``@SUM(1+1)`` hand in the ``demo`` assignment of test_term, one with a markdown cell
+    of scripts and a print of HTML: ``python -m mha_lab.grading`` grades both; the grade sheet, the long and
+    Canvas exports and similarity.csv hold no formula, and the feedback page runs no script."""
+    from test_grading_batch import HIDDEN, source_notebook
+    from test_term import DUE, GOOD, _submit
+
+    from mha_lab.grading import __main__ as grading_cli
+    from mha_lab.grading.judge import HIDDEN_DIR_ENV
+
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")  # nbgrader's alembic
+    monkeypatch.setenv(HIDDEN_DIR_ENV, str(tmp_path / "hidden"))
+    (tmp_path / "hidden").mkdir()
+    (tmp_path / "hidden" / "test_demo.py").write_text(HIDDEN)
+    shutil.copy(REPO / "nbgrader_config.py", tmp_path)
+    (tmp_path / "solutions" / "demo").mkdir(parents=True)
+    nbformat.write(source_notebook(), tmp_path / "solutions" / "demo" / "demo.ipynb")
+    assert course.nbgrader(tmp_path, "db", "assignment", "add", "demo", "--duedate", DUE).returncode == 0
+    release = course.register(tmp_path, "demo")["demo.ipynb"]
+    for student in ("=2+5", "@SUM(1+1)"):
+        _submit(tmp_path, release, student, GOOD)
+    hostile = tmp_path / "submitted" / "=2+5" / "demo" / "demo.ipynb"
+    nb = nbformat.read(hostile, as_version=4)
+    nb.cells[1:1] = [nbformat.v4.new_markdown_cell(MARKDOWN),
+                     nbformat.v4.new_code_cell(f"print('<img src=x onerror=\"{RUN.format('print')}\">')")]
+    nbformat.write(nb, hostile)
+    assert grading_cli.main(["demo", "--course", str(tmp_path), "--jobs", "1", "--timeout", "60"]) == 0
+    grades = tmp_path / "grades_demo.csv"
+    assert _formulas(grades) == []
+    with open(grades, newline="") as f:
+        assert {r["student"]: r["final_score"] for r in spreadsheet.DictReader(f)} == {"=2+5": "3", "@SUM(1+1)": "3"}
+    long, canvas_in, canvas_out = tmp_path / "long.csv", tmp_path / "canvas.csv", tmp_path / "import.csv"
+    canvas_in.write_text("Student,ID,SIS User ID,SIS Login ID,Section,demo (1)\n"
+                         "A,1,u1,=2+5,S,\nB,2,u2,@SUM(1+1),S,\n")
+    from mha_lab.__main__ import main as cli_main
+
+    assert cli_main(["export", "--course", str(tmp_path), "--canvas", str(canvas_in), "--out", str(canvas_out),
+                     "--long", str(long)]) == 0
+    for written in (long, canvas_out, tmp_path / "reports" / "demo" / "similarity.csv"):
+        assert _formulas(written) == [], written
+    assert [r[5] for r in csv.reader(open(canvas_out, newline=""))][1:] == ["3", "3"]
+    page = tmp_path / "feedback" / "=2+5" / "demo" / "demo.html"
+    seen = _open(page)
+    assert seen["ran"] is None and seen["title"] == "demo", (seen["ran"], seen["title"])
+    assert not seen["errors"] and not seen["external"], (seen["errors"], seen["external"])
+    assert "Notes on the loop" in seen["text"] and "onerror=" in seen["text"]  # the print, shown as text
