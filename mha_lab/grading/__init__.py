@@ -2,8 +2,9 @@
 
 ``course`` (folder, gradebook), ``sandbox`` (bubblewrap), ``worker`` (the standalone file that runs in it),
 ``remote`` (the grader's side of it), ``judge`` and ``checks`` (the hidden checks), ``batch`` (a submission,
-or a class on Dask), ``templates/mha_feedback`` (the feedback page). The term around grading (the grade
-sheet, late work, exports, the class report, the releases' stubs) is ``mha_lab.instructor``.
+or a class on Dask), ``templates/mha_feedback`` (the feedback page) and ``safe_html`` (its sanitiser of what
+students wrote). The term around grading (the grade sheet, late work, exports, the class report, the releases'
+stubs) is ``mha_lab.instructor``.
 ``python -m mha_lab.grading <assignment>`` (``make grade A=...``) grades a class.
 """
 

@@ -18,6 +18,8 @@ from typing import Any
 
 import nbformat
 
+from mha_lab.grading import safe_html
+
 __all__ = ["COURSE_ID", "nbgrader", "gradebook", "students", "assignments", "register", "locate", "submitted_notebook",
            "merge", "feedback"]
 
@@ -136,14 +138,15 @@ FEEDBACK_TEMPLATES = Path(__file__).with_name("templates")  # mha_feedback: nbgr
 
 
 def feedback(course: Path, assignment: str, who: list[str]) -> str:
-    """``nbgrader generate_feedback`` for these students, with the ``mha_feedback`` template; '' or what went
-    wrong."""
+    """``nbgrader generate_feedback`` for these students, with the ``mha_feedback`` template and what the students
+    wrote or displayed sanitised (``safe_html``); '' or what went wrong."""
     if not who:
         return ""
     nbgrader_dir = Path(importlib.util.find_spec("nbgrader").origin).parent
     bases = [str(FEEDBACK_TEMPLATES), str(nbgrader_dir / "server_extensions" / "formgrader" / "templates")]
     proc = nbgrader(Path(course), "generate_feedback", assignment, "--force",
                     "--HTMLExporter.template_name=mha_feedback", "--HTMLExporter.template_file=feedback.html.j2",
+                    "--HTMLExporter.sanitize_html=True", f"--HTMLExporter.filters=clean_html={safe_html.FILTER}",
                     *(f"--HTMLExporter.extra_template_basedirs={b}" for b in bases),
                     f"--CourseDirectory.student_id_exclude={','.join(s for s in students(course) if s not in who)}")
     return "" if proc.returncode == 0 else f"generate_feedback failed: {proc.stderr.strip()[-300:]}"

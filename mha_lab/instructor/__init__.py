@@ -4,7 +4,8 @@
 extensions and late penalties, the nbgrader way), ``autograde`` (``nbgrader autograde`` and formgrader's
 button, routed through the sandbox), ``lms`` (grades into Canvas or any LMS: ``python -m mha_lab export``),
 ``report`` (the class report of an assignment: scores, per-cell statistics, misconceptions) and
-``similarity`` (answers alike, and alike the package's), ``student_pack`` (the zip students get), ``stubs``
+``similarity`` (students' code alike, and alike the package's), ``spreadsheet`` (CSV cells no spreadsheet
+runs as formulas, for every CSV written here), ``student_pack`` (the zip students get), ``stubs``
 (the releases' task-naming stubs), ``release_values`` (the expected values the releases' visible tests
 compare with), ``classroom`` (a class of submissions that know their scores, for tests and benchmarks),
 ``grade_bench`` (grade such a class and time it). Nothing here is course mathematics: students never

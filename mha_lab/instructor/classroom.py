@@ -11,7 +11,6 @@ command on them.
 from __future__ import annotations
 
 import ast
-import csv
 import importlib
 import importlib.util
 import io
@@ -30,6 +29,8 @@ from pathlib import Path
 from types import ModuleType
 
 import nbformat
+
+from mha_lab.instructor import spreadsheet
 
 __all__ = ["REPO", "Target", "Attack", "Student", "new_course", "read_notebook", "points", "fill_release",
            "answer_cell", "submit", "mutants", "attacks", "honest", "blank", "buggy", "hostile", "run_grader",
@@ -289,4 +290,4 @@ def read_grades(course: Path, assignment: str) -> list[dict[str, str]]:
     if not path.is_file():
         return []
     with open(path, newline="") as f:
-        return list(csv.DictReader(f))
+        return list(spreadsheet.DictReader(f))

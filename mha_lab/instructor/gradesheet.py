@@ -9,11 +9,11 @@ neither is a 0.
 
 from __future__ import annotations
 
-import csv
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from mha_lab.grading.batch import StudentResult
+from mha_lab.instructor import spreadsheet
 from mha_lab.instructor.term import Late
 
 __all__ = ["FIELDS", "summary_table", "write_csv"]
@@ -76,7 +76,7 @@ def write_csv(results: Sequence[StudentResult], path: Path, everyone: Iterable[s
     rows = {}
     if Path(path).is_file():
         with open(path, newline="") as f:
-            rows = {row["student"]: row for row in csv.DictReader(f)}
+            rows = {row["student"]: row for row in spreadsheet.DictReader(f)}
     for s in everyone:
         rows.setdefault(s, {"student": s, "status": "not submitted", "error": "not submitted"})
     for r in results:
@@ -90,6 +90,6 @@ def write_csv(results: Sequence[StudentResult], path: Path, everyone: Iterable[s
                            "failed": _failures(r),
                            **{f"{k}_s": f"{v:.2f}" for k, v in r.timings.items()}}
     with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, FIELDS, extrasaction="ignore")
+        writer = spreadsheet.DictWriter(f, FIELDS, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows[s] for s in sorted(rows))

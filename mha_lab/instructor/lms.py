@@ -34,6 +34,7 @@ from nbgrader.api import Gradebook, MissingEntry
 from nbgrader.plugins import ExportPlugin
 
 from mha_lab.grading import course as courses
+from mha_lab.instructor import spreadsheet
 
 __all__ = ["Grade", "read_grades", "canvas", "write_long", "CsvExport", "main"]
 
@@ -65,7 +66,7 @@ def _not_graded(course: Path, assignment: str) -> set[str]:
     if not path.is_file():
         return set()
     with open(path, newline="") as f:
-        return {row["student"] for row in csv.DictReader(f) if row.get("status") == "not graded"}
+        return {row["student"] for row in spreadsheet.DictReader(f) if row.get("status") == "not graded"}
 
 
 def read_grades(course: Path, gradebook: Gradebook | None = None) -> dict[tuple[str, str], Grade]:
@@ -101,7 +102,7 @@ def read_grades(course: Path, gradebook: Gradebook | None = None) -> dict[tuple[
 def write_long(grades: dict[tuple[str, str], Grade], out: Path) -> None:
     """The long CSV: one row per (student, assignment), sorted; empty cells where there is no grade."""
     with open(out, "w", newline="") as f:
-        writer = csv.DictWriter(f, LONG_FIELDS)
+        writer = spreadsheet.DictWriter(f, LONG_FIELDS)
         writer.writeheader()
         for key in sorted(grades):
             writer.writerow({k: "" if v is None else v for k, v in asdict(grades[key]).items()})
@@ -145,7 +146,7 @@ def canvas(export: Path, grades: dict[tuple[str, str], Grade], out: Path, id_col
     if graded:
         notes.append(f"graded but not on the Canvas roster (by {id_column}): {', '.join(graded)}")
     with open(out, "w", newline="", encoding="utf-8") as f:
-        csv.writer(f).writerows(rows)
+        spreadsheet.writer(f).writerows(rows)
     return notes
 
 
@@ -168,7 +169,7 @@ class CsvExport(ExportPlugin):
                                  f"its {what}s: {', '.join(sorted(known)) or 'none'}")
         self.log.info("Exporting grades to %s", dest)
         with open(dest, "w", newline="") as f:
-            writer = csv.writer(f, lineterminator="\n")  # as nbgrader ends its lines; None is written empty
+            writer = spreadsheet.writer(f, lineterminator="\n")  # as nbgrader ends its lines; None is written empty
             writer.writerow(EXPORT_FIELDS)
             for assignment in gradebook.assignments:
                 if only_assignments and assignment.name not in only_assignments:

@@ -11,13 +11,13 @@ gradebook (nbgrader's API) and the autograded notebooks, and grades nothing agai
   r = corr(s_c, T - s_c) over graded students, none when either side is constant;
 - misconceptions: per task (answer cell), students grouped by the bug ids their failing checks name
   (``mha_lab.grading.checks.BUG_TAG``), largest group first;
-- similarity of the answers (``mha_lab.instructor.similarity``), flagged pairs side by side.
+- similarity of the code each student wrote (``mha_lab.instructor.similarity``), flagged pairs side by side,
+  only student-written code highlighted.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import html
 import io
 import re
@@ -31,9 +31,10 @@ import nbformat
 import numpy as np
 
 from mha_lab.grading import checks, course, judge
-from mha_lab.instructor import similarity
+from mha_lab.instructor import similarity, spreadsheet
 
-__all__ = ["TestsCell", "ClassData", "read_class", "cell_statistics", "misconceptions", "build", "main"]
+__all__ = ["TestsCell", "ClassData", "read_class", "cell_statistics", "misconceptions", "build",
+           "write_similarity_csv", "main"]
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,7 @@ class TestsCell:
 
 @dataclass
 class ClassData:
-    """What the report reads: cells, scores (student -> grade_id -> points), failure messages, answers."""
+    """What the report reads: cells, scores (student -> grade_id -> points), failure messages, students' code."""
 
     assignment: str
     cells: list[TestsCell]
@@ -56,8 +57,8 @@ class ClassData:
     scores: dict[str, dict[str, float]] = field(default_factory=dict)  # graded students only
     late: dict[str, float] = field(default_factory=dict)  # student -> hours late (late ones only)
     messages: dict[str, dict[str, str]] = field(default_factory=dict)  # student -> grade_id -> hidden-check message
-    answers: dict[str, dict[str, str]] = field(default_factory=dict)  # student -> task -> answer cell source
-    stubs: dict[str, str] = field(default_factory=dict)  # task -> the release's answer cell
+    code: dict[str, str] = field(default_factory=dict)  # student -> every answer cell and cell of their own, joined
+    given: list[str] = field(default_factory=list)  # the release's code: given cells, tests, answer stubs
 
     @property
     def totals(self) -> dict[str, float]:
@@ -72,18 +73,23 @@ def _meta(cell: nbformat.NotebookNode) -> dict:
     return cell.get("metadata", {}).get("nbgrader", {})
 
 
-def _tasks(nb: nbformat.NotebookNode) -> tuple[dict[str, str], dict[str, str]]:
-    """(tests cell grade_id -> its task, task -> answer cell source): a tests cell belongs to the answer
-    cell before it; the task is that cell's grade_id without ``ans_``."""
-    owner, answers, task = {}, {}, ""
+def _tasks(nb: nbformat.NotebookNode) -> tuple[dict[str, str], str]:
+    """(tests cell grade_id -> its task, the code the student wrote): a tests cell belongs to the answer cell
+    before it, the task is that cell's grade_id without ``ans_``; the student's code is every answer cell and
+    every code cell that is not the release's (no grade_id), in order."""
+    owner, code, task = {}, [], ""
     for cell in nb.cells:
         meta = _meta(cell)
-        if meta.get("solution") and not meta.get("grade") and cell.cell_type == "code":
+        if cell.cell_type != "code":
+            continue
+        if meta.get("solution") and not meta.get("grade"):
             task = meta["grade_id"].removeprefix("ans_")
-            answers[task] = cell.source
-        elif meta.get("grade") and cell.cell_type == "code":
+            code.append(cell.source)
+        elif meta.get("grade"):
             owner[meta["grade_id"]] = task
-    return owner, answers
+        elif not meta.get("grade_id"):
+            code.append(cell.source)
+    return owner, "\n\n".join(code)
 
 
 def _failure(nb: nbformat.NotebookNode) -> dict[str, str]:
@@ -92,8 +98,15 @@ def _failure(nb: nbformat.NotebookNode) -> dict[str, str]:
             for o in c.get("outputs", []) if o.get("ename") == "HiddenCheckFailure"}
 
 
+def _ungraded_code(root: Path, assignment: str) -> list[str]:
+    """The source notebooks' code cells that nbgrader releases as they are, with no grade_id (the gradebook keeps
+    only graded and locked cells): given code, although a student's notebook carries it as a cell of its own."""
+    return [c.source for path in sorted((root / "solutions" / assignment).glob("*.ipynb"))
+            for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code" and not _meta(c).get("grade_id")]
+
+
 def read_class(root: Path, assignment: str) -> ClassData:
-    """The assignment's cells and scores from ``gradebook.db``, messages and answers from ``autograded/``."""
+    """The assignment's cells and scores from ``gradebook.db``, messages and code from ``autograded/``."""
     from nbgrader.api import MissingEntry
 
     root = Path(root)
@@ -106,10 +119,10 @@ def read_class(root: Path, assignment: str) -> ClassData:
             raise ValueError(f"assignment {assignment!r} is not in the gradebook: grade it first") from None
         cells = [TestsCell(nb.name, g.name, float(g.max_score)) for nb in record.notebooks for g in nb.grade_cells
                  if g.cell_type == "code"]
-        stubs = {c.name.removeprefix("ans_"): c.source for nb in record.notebooks for c in nb.source_cells
-                 if c.name in {s.name for s in nb.solution_cells} and c.cell_type == "code"}
+        given = [c.source for nb in record.notebooks for c in nb.source_cells if c.cell_type == "code"]
         data = ClassData(assignment, cells, sorted(set(course.students(root, assignment))
-                                                   | {s.student.id for s in record.submissions}), stubs=stubs)
+                                                   | {s.student.id for s in record.submissions}),
+                         given=given + _ungraded_code(root, assignment))
         for sub in record.submissions:
             s = sub.student.id
             folder = root / "autograded" / s / assignment
@@ -123,10 +136,10 @@ def read_class(root: Path, assignment: str) -> ClassData:
     for s in data.scores:
         for path in sorted((root / "autograded" / s / assignment).glob("*.ipynb")):
             nb = nbformat.read(path, as_version=4)
-            tasks, answers = _tasks(nb)
+            tasks, code = _tasks(nb)
             owner.update(tasks)
             data.messages.setdefault(s, {}).update(_failure(nb))
-            data.answers.setdefault(s, {}).update(answers)
+            data.code[s] = "\n\n".join(filter(None, [data.code.get(s, ""), code]))
     data.cells = [TestsCell(c.notebook, c.grade_id, c.points, owner.get(c.grade_id, "")) for c in data.cells]
     return data
 
@@ -211,13 +224,10 @@ def build(root: Path, assignment: str) -> Path:
     root = Path(root).resolve()
     data = read_class(root, assignment)
     stats, groups = cell_statistics(data), misconceptions(data)
-    pairs = similarity.compare(data.answers, data.stubs, _package_answers(assignment, root))
+    pairs = similarity.compare(data.code, data.given, _package_answers(assignment, root), shown=SIDE_BY_SIDE)
     out = root / "reports" / assignment
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / "similarity.csv", "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["student_a", "student_b", "similarity", "flagged"])
-        writer.writerows((p.student_a, p.student_b, f"{p.similarity:.3f}", str(p.flagged).lower()) for p in pairs)
+    write_similarity_csv(pairs, out / "similarity.csv")
     counts = {"submitted": len(data.submitted), "graded": len(data.scores),
               "not graded": len(data.submitted) - len(data.scores), "late": len(data.late)}
     flagged = [p for p in pairs if p.flagged]
@@ -226,6 +236,14 @@ def build(root: Path, assignment: str) -> Path:
     (out / "report.md").write_text(_markdown(data, counts, stats, groups, flagged))
     (out / "index.html").write_text(_html(data, counts, stats, groups, flagged, svg))
     return out
+
+
+def write_similarity_csv(pairs: Sequence[similarity.Pair], path: Path) -> None:
+    """``similarity.csv``: every pair, most similar first (student ids neutralised for spreadsheets)."""
+    with open(path, "w", newline="") as f:
+        writer = spreadsheet.writer(f)
+        writer.writerow(["student_a", "student_b", "similarity", "flagged"])
+        writer.writerows((p.student_a, p.student_b, f"{p.similarity:.3f}", str(p.flagged).lower()) for p in pairs)
 
 
 def _table_rows(stats: Sequence[dict]) -> list[tuple[str, ...]]:
@@ -285,8 +303,9 @@ def _html(data: ClassData, counts: dict, stats: list, groups: list, flagged: lis
              _html_table(["students", "task", "bug", "what the checks say", "who"],
                          [[str(len(g["students"])), g["task"], _group_label(g), "; ".join(g["says"].values()),
                            ", ".join(g["students"])] for g in groups]),
-             f"<h2>Similarity</h2><p>Pairs at similarity {similarity.THRESHOLD:g} or above (share of the answers' "
-             "tokens found in the other answer, over all tasks); every pair is in similarity.csv.</p>",
+             f"<h2>Similarity</h2><p>Pairs at similarity {similarity.THRESHOLD:g} or above: the larger share of one "
+             "side's own code (every answer and cell of its own, the release's code left out) that the other side has "
+             "too; every pair is in similarity.csv. Highlighted: code of the student's found on the other side.</p>",
              _html_table(["student a", "student b", "similarity"],
                          [[p.student_a, p.student_b, f"{p.similarity:.2f}"] for p in flagged] or [["none", "", ""]])]
     shown = [p for p in flagged if p.student_b == similarity.PACKAGE]
@@ -295,10 +314,8 @@ def _html(data: ClassData, counts: dict, stats: list, groups: list, flagged: lis
         parts.append(f"<p>Side by side below: the pairs with mha_lab and the {SIDE_BY_SIDE} most similar pairs of "
                      f"students, of {len(flagged)} flagged pairs.</p>")
     for p in shown:
-        parts.append(f"<h3>{e(p.student_a)} and {e(p.student_b)}: {p.similarity:.2f}</h3>")
-        for task, sim, a, b, spans_a, spans_b in p.tasks:
-            parts.append(f"<h4>{e(task)}: {sim:.2f}</h4><div class='pair'><pre>{_marked(a, spans_a)}</pre>"
-                         f"<pre>{_marked(b, spans_b)}</pre></div>")
+        parts.append(f"<h3>{e(p.student_a)} and {e(p.student_b)}: {p.similarity:.2f}</h3><div class='pair'>"
+                     f"<pre>{_marked(p.code_a, p.spans_a)}</pre><pre>{_marked(p.code_b, p.spans_b)}</pre></div>")
     if data.late:
         parts += ["<h2>Late</h2>", _html_table(["student", "hours late"],
                                                [[s, f"{h:.1f}"] for s, h in sorted(data.late.items())])]
