@@ -48,15 +48,16 @@ TARGET_H = 8  # the head count at which the targets are judged
 
 @dataclass(frozen=True)
 class Target:
-    """A claim the benchmark judges: the float64 ratio ``impls[0] / impls[1]`` of ``quantity`` (or, for
-    ``quantity="exponent"``, the growth exponent in L of ``impls[0]``) against ``limit``, at length
-    ``length`` (None: the largest measured L), with h = ``TARGET_H``."""
+    """A claim the benchmark judges: the float64 ratio ``impls[0] / impls[1]`` of ``quantity``, or with one
+    implementation its ``quantity`` itself (``"gemm_fraction"``: its GFLOP/s over the BLAS matrix product's
+    of the same run; ``"exponent"``: its growth exponent in L), against ``limit``, at length ``length``
+    (None: the largest measured L), with h = ``TARGET_H``."""
 
     name: str
     limit: float
     length: int | None
     section: str
-    quantity: str  # "seconds", "peak_bytes" or "exponent"
+    quantity: str  # "seconds", "peak_bytes", "gemm_fraction" or "exponent"
     impls: tuple[str, ...]
     higher_is_better: bool = False
 
@@ -67,6 +68,8 @@ TARGETS = (
     Target("numpy fused / chunked peak memory", 16.0, 4096, "memory", "peak_bytes", ("numpy fused", "chunked"),
            higher_is_better=True),
     Target("chunked / numpy fused time", 1.5, 4096, "forward", "seconds", ("chunked", "numpy fused")),
+    Target("chunked GFLOP/s / BLAS matmul's (float64)", 0.7, 4096, "forward", "gemm_fraction", ("chunked",),
+           higher_is_better=True),
     Target("numpy / torch autograd SDPA forward+backward time (float64)", 3.0, None, "backward", "seconds",
            ("numpy backward", "torch autograd SDPA")),
 )
@@ -186,8 +189,9 @@ class BenchResults:
             L = max(Ls, default=None)
             judged = t.length in (None, L)
             at = f"L={L}, h={TARGET_H}" + ("" if judged else f" (judged at L={t.length} only)")
-            x, y = (self._one(section=t.section, impl=impl, dtype="float64", L=L, h=TARGET_H) for impl in t.impls)
-            measured = x[t.quantity] / y[t.quantity] if x and y and x[t.quantity] and y[t.quantity] else None
+            rows = [self._one(section=t.section, impl=impl, dtype="float64", L=L, h=TARGET_H) for impl in t.impls]
+            values = [r[t.quantity] if r else None for r in rows]
+            measured = None if not all(values) else values[0] / values[1] if len(values) == 2 else values[0]
         passed = None
         if measured is not None and judged:
             passed = measured >= t.limit if t.higher_is_better else measured <= t.limit
