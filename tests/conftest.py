@@ -64,6 +64,13 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     (run / "pid").write_text(f"{proc.pid} {time.time()}")
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The files with slow tests first, in their order otherwise: xdist hands out files in collection order,
+    so that the longest ones start first instead of one of them running alone at the end."""
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow)  # a stable sort: each file keeps its tests' order
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
     if _worker(session.config) or RUN_ENV not in os.environ:
         return
