@@ -39,13 +39,15 @@ def _worker(config: pytest.Config) -> bool:
 
 
 def _run_dir() -> Path:
-    """This run's build state: ``started`` (claimed by one process), ``pid``, ``exit`` (the build's status)."""
+    """This run's build state: ``started`` (claimed by one process), ``pid``, ``exit`` (the build's status and
+    seconds)."""
     return ROOT / "_build" / ".test_runs" / os.environ[RUN_ENV]
 
 
 def pytest_configure(config: pytest.Config) -> None:
     if not _worker(config):
         os.environ[RUN_ENV] = uuid.uuid4().hex
+        _seconds["started"] = time.time()
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -58,10 +60,12 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         os.close(os.open(run / "started", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
     except FileExistsError:  # another worker of this run started it
         return
-    # the exit status is written last, through a rename, so that a reader never sees half of it
-    script = f'make book > "{LOG}" 2>&1; echo $? > "{run}/exit.tmp"; mv "{run}/exit.tmp" "{run}/exit"'
+    # the exit status and the build's seconds are written last, through a rename, so that a reader never sees
+    # half of them
+    script = (f'make book > "{LOG}" 2>&1; echo "$? $SECONDS" > "{run}/exit.tmp"; '
+              f'mv "{run}/exit.tmp" "{run}/exit"')
     proc = subprocess.Popen(["bash", "-c", script], cwd=ROOT, start_new_session=True)
-    (run / "pid").write_text(f"{proc.pid} {time.time()}")
+    (run / "pid").write_text(str(proc.pid))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -78,7 +82,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     pid = run / "pid"
     if pid.exists() and not (run / "exit").exists():  # the run ended before the site's tests
         try:
-            os.killpg(int(pid.read_text().split()[0]), signal.SIGTERM)
+            os.killpg(int(pid.read_text()), signal.SIGTERM)
         except ProcessLookupError:
             pass
     shutil.rmtree(run, ignore_errors=True)
@@ -95,11 +99,10 @@ def built_site() -> Path:
         if time.monotonic() > deadline:
             pytest.fail(f"make book did not finish within {BOOK_TIMEOUT} s; see {LOG}")
         time.sleep(1)
-    code = int((run / "exit").read_text())
-    took = time.time() - float((run / "pid").read_text().split()[1])
+    code, took = map(int, (run / "exit").read_text().split())
     text = LOG.read_text()
     if not text.startswith("# make book:"):  # another worker's fixture may have written it already
-        LOG.write_text(f"# make book: exit {code} after {took:.1f} s\n{text}")
+        LOG.write_text(f"# make book: exit {code} after {took} s\n{text}")
     if code != 0:
         pytest.fail(f"make book failed (exit {code}); see {LOG}\n{text[-3000:]}")
     return HTML
@@ -109,7 +112,7 @@ def built_site() -> Path:
 # where the time went: every run ends with its time per test file (the ten slowest tests come
 # from --durations in pyproject.toml)
 
-_seconds: dict[str, float] = defaultdict(float)
+_seconds: dict[str, float] = defaultdict(float)  # test file -> seconds; "started": when this run began
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -117,8 +120,11 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 
 def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
+    started = _seconds.pop("started", None)
     if _worker(config) or not _seconds:
         return
+    if started and LOG.exists() and LOG.stat().st_mtime >= started:  # this run built the book
+        terminalreporter.write_line(f"{LOG.read_text().splitlines()[0]} (alongside the tests; log: {LOG})")
     rows = sorted(_seconds.items(), key=lambda kv: -kv[1])
     terminalreporter.write_sep("=", f"time per test file (set-up included), {len(rows)} files")
     for path, seconds in rows[:15]:
