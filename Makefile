@@ -12,16 +12,20 @@ A ?=
 help:
 	@echo "make book | test | assignments | student-pack | grade [A=<assignment>] | report A=<assignment> | bench | serve | lint | clean"
 
-# (Re)create the virtual environment whenever requirements.txt changes.
+# (Re)create the virtual environment whenever requirements.txt changes. A first install takes minutes:
+# pip names each package as it fetches and installs it (lines for requirements already met are left out).
 $(STAMP): requirements.txt pyproject.toml
+	@echo "make: installing requirements.txt into $(VENV) (minutes the first time)"
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -r requirements.txt
+	$(BIN)/python -m pip install --progress-bar on -r requirements.txt | { grep --line-buffered -v '^Requirement already satisfied' || true; }
 	touch $(STAMP)
 
 # Chapters are MyST notebooks; their .ipynb twins (for Colab/Binder) are regenerated first, or only checked in CI.
 # Execution is "cache" per _config.yml; with CI set, a copy of the config switches it to "force".
 # Jupyter Book resolves local_extensions' paths from the config's folder, so the copy names them from the root.
+# Each notebook's kernel warns that it talks to Jupyter over local TCP without encryption: that line, repeated
+# once per chapter and nothing a reader can act on, is left out of the output.
 book: $(STAMP) student-pack
 	$(BIN)/python tests/test_book.py $${CI:+--check}
 	mkdir -p _build
@@ -33,10 +37,16 @@ book: $(STAMP) student-pack
 	  grep -q '^  execute_notebooks: force ' $$config || { echo "could not switch execution to force" >&2; exit 1; }; \
 	  grep -q ': $(CURDIR)/book/_ext' $$config || { echo "could not point local_extensions at book/_ext" >&2; exit 1; }; \
 	fi; \
-	$(BIN)/jupyter-book build . --config $$config
+	$(BIN)/jupyter-book build . --config $$config 2>&1 | { grep --line-buffered -v 'Kernel is running over TCP without encryption' || true; }
 
+# pytest spreads the tests over PYTEST_WORKERS processes (pytest-xdist; "auto": one per core, 0: none), while
+# `make book` builds the site for its tests alongside (log: _build/book_build.log). The run ends with the ten
+# slowest tests and the time per test file; each step here says how long it took.
+PYTEST_WORKERS ?= auto
 test: $(STAMP)
-	status=0; $(BIN)/python -m pytest -q || status=$$?; \
+	@echo "make test: pytest -n $(PYTEST_WORKERS) over tests/ ($$(nproc) cores), make book alongside for the site's tests"
+	start=$$SECONDS; status=0; $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) $(PYTEST_ARGS) || status=$$?; \
+	echo "make test: pytest took $$((SECONDS - start)) s (exit $$status)"; \
 	if [ $$status -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; exit $$status
 
 # Releases in assignments/ from the sources in solutions/ (all of them, or A=<assignment>), with the

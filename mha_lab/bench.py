@@ -11,8 +11,7 @@ Peak memory is ``tracemalloc``'s for NumPy and ``torch.profiler``'s for PyTorch 
 does all the measuring).
 Achieved GFLOP/s use ``count_flops`` and are compared with a plain BLAS matrix product
 measured in the same run: the practical ceiling here. The ``parts`` section times the fused
-forward's parts on their own (``ForwardParts``), each with its share of the count, so that
-the GFLOP/s of a projection and of a softmax can be told apart. ``TARGETS`` lists the claims the report
+forward's parts on their own (``mha_lab.bench_parts``). ``TARGETS`` lists the claims the report
 judges, each with its limit and the length it is judged at.
 """
 
@@ -26,8 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
-from mha_lab.analysis import count_backward_flops, count_flops, flops_breakdown
-from mha_lab.cpu import MultiHeadAttention, chunked_forward, head_by_head_forward, per_head_attention, softmax
+from mha_lab.analysis import count_backward_flops, count_flops
+from mha_lab.bench_parts import ForwardParts, part_shares
+from mha_lab.cpu import MultiHeadAttention, chunked_forward, head_by_head_forward, per_head_attention
 from mha_lab.measure import (
     fit_exponent,
     gemm_flops_per_second,
@@ -39,8 +39,7 @@ from mha_lab.measure import (
 from mha_lab.tables import markdown_table
 from mha_lab.testing import tolerances
 
-__all__ = ["Target", "TARGETS", "FORWARD_PARTS", "forward_part_flops", "fixed_rate_seconds", "ForwardParts",
-           "run_suite", "BenchResults", "main"]
+__all__ = ["Target", "TARGETS", "run_suite", "BenchResults", "main"]
 
 SECTIONS = ("forward", "parts", "backward", "memory", "gemm", "tp")
 MAX_SCORE_BYTES = 2 * 2**30  # skip implementations that would hold a (B, h, L, L) tensor larger than this
@@ -49,15 +48,16 @@ TARGET_H = 8  # the head count at which the targets are judged
 
 @dataclass(frozen=True)
 class Target:
-    """A claim the benchmark judges: the float64 ratio ``impls[0] / impls[1]`` of ``quantity`` (or, for
-    ``quantity="exponent"``, the growth exponent in L of ``impls[0]``) against ``limit``, at length
-    ``length`` (None: the largest measured L), with h = ``TARGET_H``."""
+    """A claim the benchmark judges: the float64 ratio ``impls[0] / impls[1]`` of ``quantity``, or with one
+    implementation its ``quantity`` itself (``"gemm_fraction"``: its GFLOP/s over the BLAS matrix product's
+    of the same run; ``"exponent"``: its growth exponent in L), against ``limit``, at length ``length``
+    (None: the largest measured L), with h = ``TARGET_H``."""
 
     name: str
     limit: float
     length: int | None
     section: str
-    quantity: str  # "seconds", "peak_bytes" or "exponent"
+    quantity: str  # "seconds", "peak_bytes", "gemm_fraction" or "exponent"
     impls: tuple[str, ...]
     higher_is_better: bool = False
 
@@ -68,6 +68,8 @@ TARGETS = (
     Target("numpy fused / chunked peak memory", 16.0, 4096, "memory", "peak_bytes", ("numpy fused", "chunked"),
            higher_is_better=True),
     Target("chunked / numpy fused time", 1.5, 4096, "forward", "seconds", ("chunked", "numpy fused")),
+    Target("chunked GFLOP/s / BLAS matmul's (float64)", 0.7, 4096, "forward", "gemm_fraction", ("chunked",),
+           higher_is_better=True),
     Target("numpy / torch autograd SDPA forward+backward time (float64)", 3.0, None, "backward", "seconds",
            ("numpy backward", "torch autograd SDPA")),
 )
@@ -128,70 +130,6 @@ def _check_agreement(name: str, dtype: str, got, reference: np.ndarray) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# the parts of the fused forward
-
-FORWARD_PARTS: dict[str, tuple[str, ...]] = {
-    "projections": ("proj_q", "proj_kv", "proj_o"),
-    "scores": ("qk",),
-    "softmax": ("softmax",),
-    "weighted values": ("av",),
-}
-"""The parts of the fused forward, each with the ``flops_breakdown`` terms it computes."""
-
-
-def forward_part_flops(B: int, L: int, d_model: int, h: int) -> dict[str, int]:
-    """Each part's FLOPs in the convention of ``count_flops`` (they add up to it), keyed like ``FORWARD_PARTS``."""
-    terms = flops_breakdown(B, L, d_model, h)
-    return {part: sum(terms[t] for t in names) for part, names in FORWARD_PARTS.items()}
-
-
-def fixed_rate_seconds(gflops: dict[str, float], B: int, L: int, d_model: int, h: int) -> float:
-    r"""The forward's time at length ``L`` if each part ran at the given GFLOP/s: :math:`\sum_p F_p(L) / r_p`."""
-    return sum(f / (gflops[part] * 1e9) for part, f in forward_part_flops(B, L, d_model, h).items())
-
-
-def _scores(Q: np.ndarray, K: np.ndarray) -> np.ndarray:
-    """The raw scores, a fresh array as in the forward: (B, h, L, d_k) @ (B, h, d_k, L) -> (B, h, L, L)."""
-    return Q @ K.swapaxes(-1, -2)
-
-
-def _weights(S: np.ndarray, d_k: int) -> np.ndarray:
-    r"""The attention weights :math:`\mathrm{softmax}(S/\sqrt{d_k})`, in place in ``S`` as in the forward."""
-    S *= 1.0 / np.sqrt(d_k)
-    return softmax(S, out=S)
-
-
-class ForwardParts:
-    r"""The forward of an unmasked ``MultiHeadAttention``, run once as its parts in order.
-
-    projections :math:`Q, K, V = XW_{Q,K,V}` and :math:`\text{out} = ZW_O`; scores :math:`S = QK^\top`;
-    softmax :math:`A = \mathrm{softmax}(S/\sqrt{d_k})`; weighted values :math:`Z = AV`. ``flops`` gives each
-    part's share of ``count_flops``; ``calls`` each part on its own, for timing.
-    Shapes: X, out: (B, L, d_model); Q, K, V, Z: (B, h, L, d_k); A: (B, h, L, L).
-    """
-
-    def __init__(self, layer: MultiHeadAttention, X: np.ndarray) -> None:
-        self.layer, self.X = layer, layer.check_input(X)
-        self.flops = forward_part_flops(*self.X.shape, layer.num_heads)
-        self.Q, self.K, self.V = layer.project_qkv(self.X)
-        self.A = _weights(_scores(self.Q, self.K), layer.d_k)
-        self.Z = self.A @ self.V  # (B, h, L, L) @ (B, h, L, d_k) -> (B, h, L, d_k)
-        self.out = layer.project_out(self.Z)
-
-    def calls(self) -> dict[str, Callable[[], object]]:
-        """Each part as a no-argument call on the intermediates of the run, keyed like ``FORWARD_PARTS``.
-
-        The softmax works in place, as in the forward, on a copy of A: each call runs on the last
-        call's output, the same work per element.
-        """
-        layer, scratch = self.layer, self.A.copy()
-        return {"projections": lambda: (layer.project_qkv(self.X), layer.project_out(self.Z)),
-                "scores": lambda: _scores(self.Q, self.K),
-                "softmax": lambda: _weights(scratch, layer.d_k),
-                "weighted values": lambda: self.A @ self.V}
-
-
-# --------------------------------------------------------------------------------------------
 # the suite
 
 
@@ -230,9 +168,7 @@ class BenchResults:
         rows = self.select(section="parts", L=L, h=h)
         if not rows:
             raise ValueError(f"no parts measured at L={L}, h={h} in these results")
-        flops, seconds = sum(r["flops"] for r in rows), sum(r["seconds"] for r in rows)
-        return {r["impl"]: {"flops_share": r["flops"] / flops, "time_share": r["seconds"] / seconds,
-                            "gflops": r["gflops"]} for r in rows}
+        return part_shares(rows)
 
     def ratios(self) -> list[dict]:
         """Each of ``TARGETS`` with its measured value, limit and pass/fail.
@@ -253,8 +189,9 @@ class BenchResults:
             L = max(Ls, default=None)
             judged = t.length in (None, L)
             at = f"L={L}, h={TARGET_H}" + ("" if judged else f" (judged at L={t.length} only)")
-            x, y = (self._one(section=t.section, impl=impl, dtype="float64", L=L, h=TARGET_H) for impl in t.impls)
-            measured = x[t.quantity] / y[t.quantity] if x and y and x[t.quantity] and y[t.quantity] else None
+            rows = [self._one(section=t.section, impl=impl, dtype="float64", L=L, h=TARGET_H) for impl in t.impls]
+            values = [r[t.quantity] if r else None for r in rows]
+            measured = None if not all(values) else values[0] / values[1] if len(values) == 2 else values[0]
         passed = None
         if measured is not None and judged:
             passed = measured >= t.limit if t.higher_is_better else measured <= t.limit

@@ -1,15 +1,23 @@
-"""Shared fixtures. The book is built at most once per pytest session, by the same `make book` users run.
+"""Shared fixtures. The book is built at most once per pytest run, by the same `make book` users run.
 
 The build starts in the background as soon as the tests are collected (when one of them needs the
-site), so that it overlaps the tests that run before the site's; ``built_site`` waits for it.
+site), so that it overlaps the tests that run before the site's; ``built_site`` waits for it. Under
+pytest-xdist every worker collects: the first to claim the run's build folder starts the build, and
+whichever worker runs the site's tests waits for its exit status there; the controller, which outlives
+the workers, stops a build still running at the end. Each test file runs whole in one worker
+(``--dist loadfile`` in pyproject.toml), so that a fixture built once per module (a graded class, the
+browser) is never built twice.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import time
+import uuid
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
@@ -17,7 +25,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 HTML = ROOT / "_build" / "html"
 LOG = ROOT / "_build" / "book_build.log"
-_book: dict[str, object] = {}  # the running `make book`: its process and start time
+RUN_ENV = "MHA_LAB_TEST_RUN"  # one id per pytest run, set by the controller and inherited by xdist's workers
+BOOK_TIMEOUT = 1800  # seconds a worker waits for the build before failing the site's tests
 
 
 def _reuse() -> bool:
@@ -25,22 +34,58 @@ def _reuse() -> bool:
     return os.environ.get("MHA_LAB_REUSE_BUILD") == "1" and (HTML / "index.html").exists()
 
 
+def _worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+def _run_dir() -> Path:
+    """This run's build state: ``started`` (claimed by one process), ``pid``, ``exit`` (the build's status and
+    seconds)."""
+    return ROOT / "_build" / ".test_runs" / os.environ[RUN_ENV]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not _worker(config):
+        os.environ[RUN_ENV] = uuid.uuid4().hex
+        _seconds["started"] = time.time()
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     needed = any("built_site" in getattr(item, "fixturenames", ()) for item in session.items)
     if _reuse() or not needed or session.config.option.collectonly:
         return
-    LOG.parent.mkdir(exist_ok=True)
-    with open(LOG, "w") as log:
-        _book["proc"] = subprocess.Popen(["make", "book"], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
-    _book["start"] = time.perf_counter()
+    run = _run_dir()
+    run.mkdir(parents=True, exist_ok=True)
+    try:
+        os.close(os.open(run / "started", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:  # another worker of this run started it
+        return
+    # the exit status and the build's seconds are written last, through a rename, so that a reader never sees
+    # half of them
+    script = (f'make book > "{LOG}" 2>&1; echo "$? $SECONDS" > "{run}/exit.tmp"; '
+              f'mv "{run}/exit.tmp" "{run}/exit"')
+    proc = subprocess.Popen(["bash", "-c", script], cwd=ROOT, start_new_session=True)
+    (run / "pid").write_text(str(proc.pid))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The files with slow tests first, in their order otherwise: xdist hands out files in collection order,
+    so that the longest ones start first instead of one of them running alone at the end."""
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow)  # a stable sort: each file keeps its tests' order
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    proc = _book.get("proc")
-    if isinstance(proc, subprocess.Popen) and proc.poll() is None:  # the session ended before the site's tests
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait()
+    if _worker(session.config) or RUN_ENV not in os.environ:
+        return
+    run = _run_dir()
+    pid = run / "pid"
+    if pid.exists() and not (run / "exit").exists():  # the run ended before the site's tests
+        try:
+            os.killpg(int(pid.read_text()), signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    shutil.rmtree(run, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
@@ -48,10 +93,42 @@ def built_site() -> Path:
     """Wait for the `make book` started at collection; returns ``_build/html``. Log: ``_build/book_build.log``."""
     if _reuse():
         return HTML
-    proc = _book["proc"]
-    code = proc.wait()
+    run = _run_dir()
+    deadline = time.monotonic() + BOOK_TIMEOUT
+    while not (run / "exit").exists():
+        if time.monotonic() > deadline:
+            pytest.fail(f"make book did not finish within {BOOK_TIMEOUT} s; see {LOG}")
+        time.sleep(1)
+    code, took = map(int, (run / "exit").read_text().split())
     text = LOG.read_text()
-    LOG.write_text(f"# make book: exit {code} after {time.perf_counter() - _book['start']:.1f} s\n{text}")
+    if not text.startswith("# make book:"):  # another worker's fixture may have written it already
+        LOG.write_text(f"# make book: exit {code} after {took} s\n{text}")
     if code != 0:
         pytest.fail(f"make book failed (exit {code}); see {LOG}\n{text[-3000:]}")
     return HTML
+
+
+# --------------------------------------------------------------------------------------------
+# where the time went: every run ends with its time per test file (the ten slowest tests come
+# from --durations in pyproject.toml)
+
+_seconds: dict[str, float] = defaultdict(float)  # test file -> seconds; "started": when this run began
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _seconds[report.nodeid.split("::")[0]] += report.duration  # set-up, call and tear-down alike
+
+
+def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
+    started = _seconds.pop("started", None)
+    if _worker(config) or not _seconds:
+        return
+    if started and LOG.exists() and LOG.stat().st_mtime >= started:  # this run built the book
+        terminalreporter.write_line(f"{LOG.read_text().splitlines()[0]} (alongside the tests; log: {LOG})")
+    rows = sorted(_seconds.items(), key=lambda kv: -kv[1])
+    terminalreporter.write_sep("=", f"time per test file (set-up included), {len(rows)} files")
+    for path, seconds in rows[:15]:
+        terminalreporter.write_line(f"{seconds:8.1f} s  {path}")
+    rest = sum(s for _, s in rows[15:])
+    if rest:
+        terminalreporter.write_line(f"{rest:8.1f} s  the other {len(rows) - 15} files")

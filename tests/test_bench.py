@@ -11,7 +11,8 @@ from matplotlib.figure import Figure
 from mha_lab import bench
 from mha_lab.__main__ import main as cli_main
 from mha_lab.analysis import count_backward_flops, count_flops
-from mha_lab.bench import BenchResults, ForwardParts, fixed_rate_seconds, forward_part_flops, run_suite
+from mha_lab.bench import BenchResults, run_suite
+from mha_lab.bench_parts import FORWARD_PARTS, ForwardParts, fixed_rate_seconds, forward_part_flops
 from mha_lab.cpu import MultiHeadAttention
 from mha_lab.plots.bench import implementations_bar, memory_vs_length, time_vs_length
 from mha_lab.testing import tolerances
@@ -47,7 +48,7 @@ def test_every_section_and_implementation_is_measured(results):
     assert {r["dtype"] for r in results.select(section="gemm")} == {"float64", "float32"}
     for L in TINY["parts_lengths"]:
         rows = results.select(section="parts", L=L)
-        assert [r["impl"] for r in rows] == list(bench.FORWARD_PARTS)
+        assert [r["impl"] for r in rows] == list(FORWARD_PARTS)
         assert all(r["seconds"] > 0 and r["h"] == bench.TARGET_H for r in rows)
         assert sum(r["flops"] for r in rows) == count_flops(TINY["B"], L, TINY["d_model"], bench.TARGET_H)
 
@@ -75,9 +76,9 @@ def test_machine_and_threads_are_reported(results):
 
 def test_ratios_and_exponents_are_computed(results):
     ratios = results.ratios()
-    assert len(ratios) == 5
+    assert len(ratios) == 6
     assert all(r["measured"] is not None and r["measured"] > 0 for r in ratios)
-    assert [r["passed"] is None for r in ratios] == [True, False, True, True, False]  # tiny L: not judged
+    assert [r["passed"] is None for r in ratios] == [True, False, True, True, True, False]  # tiny L: not judged
     fits = {(f["quantity"], f["impl"], f["dtype"], f["h"]) for f in results.exponents()}
     assert ("memory", "chunked", "float64", bench.TARGET_H) in fits
     assert ("time", "numpy fused", "float64", 2) in fits
@@ -85,7 +86,10 @@ def test_ratios_and_exponents_are_computed(results):
 
 def test_ratio_logic_on_known_rows():
     def row(section, impl, L, seconds=None, peak=None):
-        return bench._row(section, impl, "float64", 2, L, 64, bench.TARGET_H, seconds=seconds, peak_bytes=peak)
+        return bench._row(section, impl, "float64", 2, L, 64, bench.TARGET_H, seconds=seconds, peak_bytes=peak,
+                          gemm={"float64": half_of_chunked})
+
+    half_of_chunked = count_flops(2, 4096, 64, bench.TARGET_H) / 16.0 / 1e9 * 2  # chunked's GFLOP/s below, doubled
 
     r = BenchResults(rows=[
         row("forward", "numpy fused", 1024, seconds=2.5), row("forward", "torch SDPA", 1024, seconds=1.0),
@@ -95,8 +99,8 @@ def test_ratio_logic_on_known_rows():
         row("memory", "numpy fused", 4096, peak=32000),
         row("backward", "numpy backward", 1024, seconds=2.0), row("backward", "torch autograd SDPA", 1024, seconds=1.0),
     ])
-    assert [x["measured"] for x in r.ratios()] == pytest.approx([2.5, 1.0, 20.0, 1.6, 2.0])
-    assert [x["passed"] for x in r.ratios()] == [False, True, True, False, True]
+    assert [x["measured"] for x in r.ratios()] == pytest.approx([2.5, 1.0, 20.0, 1.6, 0.5, 2.0])
+    assert [x["passed"] for x in r.ratios()] == [False, True, True, False, False, True]
     assert [(x["target"], x["limit"]) for x in r.ratios()] == [(t.name, t.limit) for t in bench.TARGETS]
 
 
@@ -112,7 +116,7 @@ def test_forward_parts_compute_the_forward_and_its_count(B, L, d_model, h):
     assert sum(parts.flops.values()) == count_flops(B, L, d_model, h)
     assert parts.flops["projections"] == 8 * B * L * d_model**2 and parts.flops["softmax"] == 5 * B * h * L * L
     calls = parts.calls()
-    assert list(calls) == list(bench.FORWARD_PARTS)
+    assert list(calls) == list(FORWARD_PARTS)
     (Q, K, V), projected = calls["projections"]()
     np.testing.assert_array_equal(projected, out)
     np.testing.assert_array_equal(calls["weighted values"](), parts.Z)
@@ -142,7 +146,7 @@ def test_part_shares_of_chosen_rows():
 
 
 def test_fixed_rate_seconds_divides_each_part_by_its_rate():
-    equal = dict.fromkeys(bench.FORWARD_PARTS, 2.0)  # one rate for all: the count over that rate
+    equal = dict.fromkeys(FORWARD_PARTS, 2.0)  # one rate for all: the count over that rate
     assert fixed_rate_seconds(equal, 2, 96, 64, 8) == pytest.approx(count_flops(2, 96, 64, 8) / 2e9)
     slow_softmax = {**equal, "softmax": 0.5}  # four times slower: three times its share added
     extra = 3 * forward_part_flops(2, 96, 64, 8)["softmax"] / 2e9

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from mha_lab.analysis import DEEPSEEK_V2, ModelConfig, kv_cache_bytes, kv_elements_per_token
-from mha_lab.cpu import LatentAttention, create_causal_mask, rotation_matrix
+from mha_lab.cpu import LatentAttention, create_causal_mask
 from mha_lab.plots.cost import kv_variants_table
 from mha_lab.testing import assert_close
 
@@ -46,18 +46,25 @@ def test_forward_is_mha_on_the_up_projected_keys_and_values():
     assert_close(layer.forward(X), out)
 
 
-def test_absorbing_w_uk_past_rope_holds_only_per_pair_of_positions():
-    """Without RoPE absorption is exact: the decoding test above runs the absorbed query against
-    the uncompressed forward. With RoPE between the query and W_UK, one absorbed matrix does not fit
-    every pair of positions."""
-    layer = small(2)
-    W_UK, _ = layer.head_projections()
-    q, c = rng.standard_normal(6), rng.standard_normal(10)
-    head = layer.W_UK[:, :6]  # (d_c, d_k): head 0
-    R = lambda p: rotation_matrix(p, 6)  # noqa: E731
-    true = (R(7) @ q) @ (R(3) @ (c @ head))
-    assert abs(true - (q @ R(0).T @ R(0) @ W_UK[0]) @ c) > 1e-3
-    assert abs(true - (q @ R(7).T @ R(3) @ W_UK[0]) @ c) < 1e-12  # absorbable only per (m, n) pair
+class _RotatedContent(LatentAttention):
+    """A plausible bug: RoPE applied to the content query q_C as well as to its RoPE part q_R."""
+
+    def queries(self, X: np.ndarray, offset: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        q_c, q_r = super().queries(X, offset)
+        return self._rotate(q_c, offset), q_r
+
+
+def test_scores_depend_on_positions_only_through_their_distance():
+    """The causal forward of tokens at positions 1000..1008 equals the forward at 0..8: the content part
+    q_C . k_C has no position and the RoPE part (R_m q_R) . (R_n k_R) only n - m.
+
+    The bug it catches (``_RotatedContent``): rotating q_C too. The decoding test does not see it, since
+    the uncompressed forward and the absorbed decoding read the same rotated queries; but q_C then meets
+    unrotated keys, and the scores depend on the query's absolute position."""
+    X, mask = rng.standard_normal((2, 9, 24)), create_causal_mask(9)
+    for layer, exact in ((small(2), True), (_RotatedContent(24, 3, 6, 10, 4, seed=2), False)):
+        shift = np.abs(layer.forward(X, mask, offset=1000) - layer.forward(X, mask)).max()
+        assert (shift < 1e-12) == exact, (type(layer).__name__, shift)
 
 
 def test_deepseek_v2_cache_is_576_numbers_per_token_and_layer():

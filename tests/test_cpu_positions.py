@@ -173,6 +173,9 @@ def test_alibi_slopes_follow_the_paper():
 
 
 def test_alibi_bias_is_minus_slope_times_distance_at_any_offset():
+    """Written-out distances at offsets 0 and 1000. The bug it catches: a bias that depends on where the
+    sequence sits, not only on distances, e.g. an absolute term ``-slope * p_m`` added to the distance
+    penalty: the bias at offset 1000 then differs from the bias at 0."""
     h, L = 4, 6
     slopes = alibi_slopes(h)
     for offset in (0, 1000):

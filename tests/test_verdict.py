@@ -121,6 +121,9 @@ SLOPES = [
 
 @pytest.mark.parametrize("measured, model, margin, words", SLOPES)
 def test_slope_on_chosen_values(measured, model, margin, words):
+    """Cases chosen by hand on both sides of each edge. The bugs they catch: a margin taken relative to the
+    model's slope (10% of 2.0 would call 2.11 "as steep as", 15% of 1.8 would call 1.96 and 1.64 so), the
+    two words swapped, and a comparison against the margin alone instead of the model's slope plus it."""
     assert slope(measured, model, margin) == words
 
 
