@@ -46,7 +46,7 @@ COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
                      "zip the release notebooks and the package they import: no solutions, no hidden checks"),
     "grade-bench": (_module("mha_lab.instructor.grade_bench"),
                     "grade a generated class of 200 ps1 submissions and time it (--n for fewer)"),
-    "export": (_module("mha_lab.instructor.lms"),
+    "export": (_module("mha_lab.instructor.export"),
                "grades into the LMS: fill a Canvas gradebook export for import (--canvas, --out), or a long CSV"),
     "tp": (_module("mha_lab.parallel.check"),
            "tensor-parallel attention on spawned ranks (or under torchrun), checked against one device"),

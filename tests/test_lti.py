@@ -21,7 +21,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from mha_lab.instructor import lms, lti
+from mha_lab.instructor import export, lms, lti
 
 ltiplatform = pytest.importorskip("lti1p3platform.ltiplatform")
 from lti1p3platform.registration import Registration as PlatformRegistration  # noqa: E402
@@ -252,8 +252,8 @@ def _config(tmp_path: Path, platform: Platform, key: str = "tool.pem", **extra: 
 
 
 def _export(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, grades: dict, *args: str) -> int:
-    monkeypatch.setattr(lms, "read_grades", lambda course: grades)
-    return lms.main(["--course", str(tmp_path), *args])
+    monkeypatch.setattr(export, "read_grades", lambda course: grades)
+    return export.main(["--course", str(tmp_path), *args])
 
 
 def _read_back(platform: Platform, tmp_path: Path) -> dict[str, dict[str, float | None]]:
@@ -336,6 +336,6 @@ def test_config_errors_name_the_key(tmp_path):
 
 
 def test_jwks_is_the_public_half_of_the_configured_key(platform, tmp_path, capsys, tool):
-    assert lms.main(["--lti-jwks", str(_config(tmp_path, platform))]) == 0
+    assert export.main(["--lti-jwks", str(_config(tmp_path, platform))]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed == tool[1] and "d" not in printed["keys"][0]  # no private exponent

@@ -1,7 +1,7 @@
 """Grades into the LMS: a Canvas gradebook import, and a long CSV any other LMS can map.
 
-``python -m mha_lab export --canvas <canvas export>.csv --out canvas_import.csv [--long grades_long.csv]``;
-``python -m mha_lab export --lti CONFIG A...`` posts them over LTI 1.3 (``mha_lab.instructor.lti``).
+``python -m mha_lab export --canvas <canvas export>.csv --out canvas_import.csv [--long grades_long.csv]``
+(the command: ``mha_lab.instructor.export``).
 
 - The Canvas file is the gradebook Canvas exports (``Student, ID, SIS User ID, SIS Login ID, Section``,
   then one column per assignment titled ``Name (id)``). It is the roster: students are matched on
@@ -21,12 +21,8 @@ submission, or one that could not be graded, gets empty scores where stock nbgra
 
 from __future__ import annotations
 
-import argparse
 import csv
-import json
 import re
-import sys
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -36,7 +32,7 @@ from nbgrader.plugins import ExportPlugin
 from mha_lab.grading import course as courses
 from mha_lab.instructor import spreadsheet
 
-__all__ = ["Grade", "read_grades", "canvas", "write_long", "CsvExport", "main"]
+__all__ = ["Grade", "read_grades", "canvas", "write_long", "CsvExport"]
 
 LONG_FIELDS = ["student", "assignment", "status", "score", "raw_score", "late_penalty", "max_score", "timestamp",
                "seconds_late"]
@@ -181,75 +177,3 @@ class CsvExport(ExportPlugin):
                     writer.writerow([assignment.name, assignment.duedate, grade.timestamp, student,
                                      *(getattr(person, name, None) for name in ("last_name", "first_name", "email")),
                                      grade.raw_score, grade.late_penalty, grade.score, grade.max_score, grade.status])
-
-
-def _post_lti(config: Path, grades: dict[tuple[str, str], Grade], assignments: list[str], dry_run: bool) -> int:
-    """``--lti``: post the final scores of ``assignments`` (default: every one graded) to the platform."""
-    from mha_lab.instructor import lti  # needs PyJWT and requests, only here
-
-    client = lti.Client(lti.load(config))
-    todo = assignments or sorted({a for (_, a), g in grades.items() if g.status == "graded"})
-    out = lti.post_grades(client, grades, todo, dry_run=dry_run)
-    verb = "would post" if dry_run else "posted"
-    for student, assignment, score in out.posted:
-        print(f"{verb} {assignment} {student}: {'Pending' if score is None else f'{score:g}'}")
-    for assignment in out.created:
-        print(f"{'would create' if dry_run else 'created'} the line item of {assignment}")
-    for student, assignment, status in out.skipped:
-        print(f"nothing posted for {assignment} {student}: {status}")
-    if out.unmatched_students:
-        print(f"note: graded but not on the platform's roster: {', '.join(out.unmatched_students)}")
-    if out.unmatched_members:
-        print(f"note: learners on the roster that match no student: {', '.join(out.unmatched_members)}")
-    for student, assignment, reason in out.failed:
-        print(f"FAILED {assignment} {student}: {reason}", file=sys.stderr)
-    if out.failed:
-        print(f"{len(out.failed)} scores not posted: run the same command again to post them", file=sys.stderr)
-    return 1 if out.failed else 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mha_lab export", description=__doc__.splitlines()[0])
-    parser.add_argument("assignments", nargs="*", help="with --lti: the assignments to post (default: all graded)")
-    parser.add_argument("--course", type=Path, default=Path.cwd(), help="course root (default: here)")
-    parser.add_argument("--canvas", type=Path, help="the gradebook CSV Canvas exports: the roster")
-    parser.add_argument("--out", type=Path, help="the Canvas import to write (with --canvas)")
-    parser.add_argument("--id-column", default="SIS Login ID",
-                        help="the Canvas column that holds the nbgrader student id (default: %(default)s)")
-    parser.add_argument("--long", type=Path, help="also write one row per student and assignment here")
-    parser.add_argument("--lti", type=Path, metavar="CONFIG", help="post final scores over LTI 1.3 AGS with the "
-                        "tool registration in this TOML file (see mha_lab.instructor.lti)")
-    parser.add_argument("--dry-run", action="store_true", help="with --lti: print what would be posted")
-    parser.add_argument("--lti-jwks", type=Path, metavar="CONFIG", help="print the tool's public key set, "
-                        "to register the tool with the platform")
-    args = parser.parse_args(argv)
-    if args.lti_jwks:
-        from mha_lab.instructor import lti
-
-        print(json.dumps(lti.public_key_set(lti.load(args.lti_jwks)), indent=2))
-        return 0
-    if args.canvas is None and args.long is None and args.lti is None:
-        parser.error("nothing to write: give --canvas FILE --out FILE, --long FILE, --lti CONFIG, or several")
-    if (args.canvas is None) != (args.out is None):
-        parser.error("--canvas and --out go together")
-    if (args.assignments or args.dry_run) and args.lti is None:
-        parser.error("assignments and --dry-run go with --lti")
-    try:
-        grades = read_grades(args.course)
-        if args.long:
-            write_long(grades, args.long)
-            print(f"wrote {args.long}: {len(grades)} rows")
-        if args.canvas:
-            for note in canvas(args.canvas, grades, args.out, args.id_column):
-                print(f"note: {note}")
-            print(f"wrote {args.out}: import it in Canvas (Grades, Import)")
-        if args.lti:
-            return _post_lti(args.lti, grades, args.assignments, args.dry_run)
-    except (OSError, ValueError, RuntimeError) as exc:
-        print(f"export: {exc}", file=sys.stderr)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
