@@ -24,6 +24,7 @@ from contextlib import closing
 from datetime import datetime, timedelta
 
 import nbformat
+import numpy as np
 import pytest
 from test_grading_batch import HIDDEN, source_notebook
 
@@ -31,7 +32,7 @@ from mha_lab.grading import __main__ as cli
 from mha_lab.grading import batch, checks, judge
 from mha_lab.grading import course as courses
 from mha_lab.grading.judge import HIDDEN_DIR_ENV
-from mha_lab.grading.remote import REPLY_TEXT, REPLY_VALUES, RemoteSubmission
+from mha_lab.grading.remote import REPLY_TEXT, REPLY_VALUES, Extent, RemoteSubmission
 from mha_lab.grading.sandbox import Limits
 from mha_lab.grading.worker import decode, encode, frame, read_message
 from mha_lab.instructor import classroom
@@ -83,7 +84,7 @@ def test_an_answer_is_bounded_in_size_and_structure_before_it_is_parsed():
 
 
 def test_the_loss_that_crosses_into_the_sandbox_carries_no_answer():
-    x = checks.SmoothLoss(__import__("numpy").arange(3.0))
+    x = checks.SmoothLoss(np.arange(3.0))
     arrays: list = []
     crossed = decode(json.loads(json.dumps(encode(x, arrays))), arrays)
     assert hasattr(x, "exact") and not hasattr(crossed, "exact") and crossed() == x()
@@ -113,13 +114,17 @@ def said():
 def test_a_reference_computes_only_at_the_sizes_of_its_call(tmp_path):
     with closing(RemoteSubmission(tmp_path, Limits(seconds=60))) as student:
         student.run([LOOP])
-        x = __import__("numpy").ones((2, 8, 4))
+        x = np.ones((2, 8, 4))
         big = lambda: student.remote_call("loop", (x, 16384), {}, measure=False,  # noqa: E731
                                           replace={"attention": "numpy.outer"})[0]
         out, peak = _peak(big)
         assert out.shape == (64, 64) and peak < 8 * MiB, peak / MiB  # outer at 16,384 would be 2 GiB
         said = student.remote_call("said", (), {}, measure=False, replace={})[0]
         assert said and "only at the sizes of the call it was given to" in said[0], said
+    extent = Extent.of([np.ones((2, 8, 4)), np.ones((4, 4))])  # one more axis is admitted, not two, nor more elements
+    assert extent.admits([np.ones((2, 8, 4)), np.ones((1, 2, 8, 4))]) and not extent.admits([np.ones((1,) * 5)])
+    assert not extent.admits([np.ones((3, 8, 4))])
+    assert not extent.admits([np.ones((9, 1))]) and not extent.admits([np.ones((8, 9))])  # an axis too long
 
 
 # --- hostile submissions against the grader's process --------------------------------------------
@@ -238,6 +243,7 @@ def broken_class(tmp_path_factory: pytest.TempPathFactory):
 @pytest.mark.timeout(900)
 def test_a_broken_folder_costs_its_student_only(broken_class):
     root, summary, wall, code = broken_class
+    print(f"graded in {wall:.0f} s, exit {code}:\n{summary}")
     assert code == 0, summary
     limit = 2 * (TIMEOUT + batch.GRACE_SECONDS) + 60  # the stuck judging's deadline and grace, the others, a margin
     assert wall < limit, f"graded in {wall:.0f} s, past {limit:.0f} s"

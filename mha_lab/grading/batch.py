@@ -202,9 +202,11 @@ def _as_graded(client: Any, futures: dict[Any, str], allowed: float) -> Iterator
         for future in done:
             s = pending.pop(future)
             try:
-                yield s, future.result()
+                result = future.result()
             except Exception as exc:  # noqa: BLE001 - its Dask worker died twice (KilledWorker), or it raised twice
-                yield s, StudentResult(s, error=f"grading failed twice: {type(exc).__name__}: {exc}")
+                result = StudentResult(s, error=f"grading failed twice: {type(exc).__name__}: {exc}")
+            future.release()  # its result is here now: a worker restarted later must not compute it again
+            yield s, result
         now = time.monotonic()
         for worker, keys in client.processing().items():
             for future in [f for f in pending if f.key in keys]:

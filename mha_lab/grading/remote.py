@@ -29,19 +29,22 @@ REPLY_VALUES = 200_000  # lists, objects and items in an answer's JSON line, che
 
 @dataclasses.dataclass(frozen=True)
 class Extent:
-    """The sizes of the call in progress: the reference it hands to the student's code computes at no larger ones
-    (as many elements per array, as long an axis), so that its cost is the check's, whatever the code asks."""
+    """The sizes of the call in progress. The reference it hands to the student's code computes on arrays no larger
+    (as many elements, no longer axis, at most one axis more), so that whatever the code asks for, what the
+    reference broadcasts or multiplies out (``axis ** (ndim + 1)`` elements at most) costs what the check's do."""
 
     elements: int = 0
     axis: int = 0
+    ndim: int = 0
 
     @classmethod
     def of(cls, arrays: Sequence[np.ndarray]) -> Extent:
-        return cls(max((a.size for a in arrays), default=0), max((max(a.shape, default=1) for a in arrays), default=0))
+        return cls(max((a.size for a in arrays), default=0), max((max(a.shape, default=1) for a in arrays), default=0),
+                   max((a.ndim for a in arrays), default=0))
 
     def admits(self, arrays: Sequence[np.ndarray]) -> bool:
-        return all(a.size <= self.elements and max(a.shape, default=1) <= self.axis for a in arrays)
-
+        return all(a.size <= self.elements and max(a.shape, default=1) <= self.axis and a.ndim <= self.ndim + 1
+                   for a in arrays)
 
 
 class RemoteSubmission:
@@ -106,8 +109,8 @@ class RemoteSubmission:
                                             "call it was given to"}, arrays
         if not self.extent.admits(arrays):
             return {"ok": False, "message": f"`{message.get('name')}` is answered only at the sizes of the call it "
-                                            f"was given to (at most {self.extent.elements} elements per array, "
-                                            f"axes of at most {self.extent.axis})"}, arrays
+                                            f"was given to (arrays of at most {self.extent.elements} elements and "
+                                            f"{self.extent.ndim + 1} axes, each of at most {self.extent.axis})"}, arrays
         module, _, func = path.rpartition(".")
         try:
             args, kwargs = decode(message["arguments"], arrays, lambda i: self._student_callable(i, arrays))

@@ -311,8 +311,10 @@ def enter(processes: int) -> None:
     if uid:
         resource.setrlimit(resource.RLIMIT_NPROC, (processes, processes))
         for entry in Path("/submission").iterdir():  # a copy the code may change; links stay links
-            copy = shutil.copytree if entry.is_dir() and not entry.is_symlink() else shutil.copy2
-            copy(entry, Path("/scratch") / entry.name, follow_symlinks=False)
+            if entry.is_dir() and not entry.is_symlink():  # copytree knows no follow_symlinks: it raised here
+                shutil.copytree(entry, Path("/scratch") / entry.name, symlinks=True)
+            else:
+                shutil.copy2(entry, Path("/scratch") / entry.name, follow_symlinks=False)
     sys.meta_path.insert(0, _Refuse())
     _warm_up()
 

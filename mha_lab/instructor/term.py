@@ -97,13 +97,14 @@ def read_timestamp(folder: Path) -> datetime | None:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as exc:
         raise ValueError(f"timestamp.txt cannot be read ({exc.strerror}: a link?)") from None
-    with os.fdopen(fd, "rb") as f:
+    try:  # a folder opens too: the file object Python would wrap it in would refuse it, IsADirectoryError
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise ValueError("timestamp.txt is not a plain file")
-        try:
-            text = f.read(TIMESTAMP_BYTES + 1).decode("utf-8", "replace").strip()
-        except OSError as exc:
-            raise ValueError(f"timestamp.txt cannot be read ({exc.strerror})") from None
+        text = os.read(fd, TIMESTAMP_BYTES + 1).decode("utf-8", "replace").strip()
+    except OSError as exc:
+        raise ValueError(f"timestamp.txt cannot be read ({exc.strerror})") from None
+    finally:
+        os.close(fd)
     if len(text) > TIMESTAMP_BYTES:
         raise ValueError(f"timestamp.txt is longer than {TIMESTAMP_BYTES} bytes")
     if not text:
