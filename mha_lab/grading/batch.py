@@ -5,7 +5,6 @@ dies is tried once more). The gradebook, autograded notebooks and feedback are w
 
 from __future__ import annotations
 
-import dataclasses
 import shutil
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -57,9 +56,9 @@ class StudentResult:
 def grade_submission(folder: Path, releases: dict[str, dict], hidden: Path, limits: Limits = DEFAULT_LIMITS, *,
                      student: str = "", queued_at: float | None = None) -> StudentResult:
     """Grade the submission in ``folder`` against the assignment's ``releases`` (name -> notebook) and its
-    ``hidden`` checks: run it in a sandbox, judge every tests cell here, all before one deadline (``limits.seconds``
-    from now): a cell still to judge past it scores nothing and says so. Never raises."""
-    deadline = time.monotonic() + limits.seconds
+    ``hidden`` checks: run each notebook in a sandbox, judge every tests cell here, all before the sandbox's
+    deadline (``limits.seconds`` from its start): a cell still to judge past it scores nothing and says so.
+    Never raises."""
     result = StudentResult(student or Path(folder).parent.name)
     result.timings = {"queue": time.time() - queued_at if queued_at else 0.0, "run": 0.0, "judge": 0.0}
     result.cells = [CellResult(c.metadata.nbgrader.grade_id, 0.0, float(c.metadata.nbgrader.get("points", 0)),
@@ -80,8 +79,7 @@ def grade_submission(folder: Path, releases: dict[str, dict], hidden: Path, limi
             nb.cells.insert(0, nbformat.v4.new_markdown_cell(f"**Note:** {files[name][1]}."))
         code = [c for c in nb.cells if c.cell_type == "code"]
         t0 = time.time()
-        left = dataclasses.replace(limits, seconds=max(deadline - time.monotonic(), 1.0))
-        with closing(RemoteSubmission(Path(folder), left)) as sandboxed:
+        with closing(RemoteSubmission(Path(folder), limits)) as sandboxed:
             try:
                 for cell, (text, error) in zip(code, sandboxed.run([c.source for c in code], _definitions(code)),
                                                strict=False):
@@ -91,9 +89,9 @@ def grade_submission(folder: Path, releases: dict[str, dict], hidden: Path, limi
             t1 = time.time()
             by_id = {c.metadata.get("nbgrader", {}).get("grade_id"): c for c in code}
             for cell in (c for c in result.cells if c.notebook == Path(name).stem):
-                if time.monotonic() > deadline:  # the grader's judging counts towards the deadline too
-                    result.error = result.error or f"the submission ran past its {limits.seconds:.0f} s"
-                    cell.message = f"{cell.grade_id}: not judged: {result.error}"
+                if time.monotonic() > sandboxed.deadline:  # the grader's judging counts towards it too
+                    why = sandboxed.stopped or f"the submission ran past its {limits.seconds:.0f} s"
+                    result.error, cell.message = result.error or why, f"{cell.grade_id}: not judged: {why}"
                 else:
                     cell.message = judge.judge_cell(module, cell.grade_id, sandboxed)
                 cell.score = 0.0 if cell.message else cell.max_score

@@ -55,7 +55,7 @@ def _shown(student: str) -> str:
 def _attention(r: StudentResult, when: Late | None) -> str:
     """What the instructor should look at for this student: why it was not graded, what went wrong while it was,
     a submission time that could not be read; '' when nothing."""
-    return "; ".join(_short(text) for text in (r.error, when.problem if when else "") if text)
+    return _short("; ".join(text for text in (r.error, when.problem if when else "") if text))
 
 
 def summary_table(results: Sequence[StudentResult], *, late: Mapping[str, Late] | None = None,
