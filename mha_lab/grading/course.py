@@ -53,7 +53,7 @@ def id_problem(student: str) -> str:
     tab, an escape...) would break the gradebook's exports, nbgrader's command lines and every table it is in."""
     if student.isprintable() and student.strip() == student and student:
         return ""
-    return f"not graded: the student id {student!r} has control characters or surrounding spaces: rename the folder"
+    return f"the student id {student!r} has control characters or surrounding spaces: rename the folder"
 
 
 def assignments(course: Path) -> list[str]:
