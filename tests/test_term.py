@@ -332,8 +332,16 @@ def test_timestamp_txt_is_read_as_nbgrader_writes_it_and_never_followed(tmp_path
     for make, reason in [(lambda: stamp.write_text("9" * 500), "longer than"),
                          (lambda: stamp.write_text("yesterday-ish"), "is not a time"),
                          (lambda: stamp.symlink_to("/etc/hostname"), "cannot be read"),
-                         (lambda: os.mkfifo(stamp), "not a plain file")]:  # a FIFO would block a plain read
+                         (lambda: os.mkfifo(stamp), "not a plain file"),  # a FIFO would block a plain read
+                         (lambda: stamp.mkdir(), "not a plain file"),
+                         (lambda: stamp.write_bytes(b"\xff\xfe\x00 2026-11-20"), "is not a time")]:
+        if stamp.is_dir() and not stamp.is_symlink():
+            stamp.rmdir()
         stamp.unlink(missing_ok=True)
         make()
         with pytest.raises(ValueError, match=reason):
             term.read_timestamp(tmp_path)
+    notebook = tmp_path / "demo.ipynb"  # when it cannot be read, the notebook's arrival stands in
+    notebook.write_text("{}")
+    os.utime(notebook, (0, 86400.5))
+    assert term.arrival(tmp_path) == datetime(1970, 1, 2, 0, 0, 0, 500000)

@@ -26,6 +26,7 @@ from mha_lab.grading.worker import OUTPUT_CHARS
 __all__ = ["CellResult", "StudentResult", "grade_submission", "grade_packed", "record", "dask_client", "grade_class"]
 
 DEFAULT_LIMITS = Limits()
+GRACE_SECONDS = 30.0  # past a submission's deadline before its grading process is stopped from outside
 
 
 @dataclass
@@ -56,7 +57,9 @@ class StudentResult:
 def grade_submission(folder: Path, releases: dict[str, dict], hidden: Path, limits: Limits = DEFAULT_LIMITS, *,
                      student: str = "", queued_at: float | None = None) -> StudentResult:
     """Grade the submission in ``folder`` against the assignment's ``releases`` (name -> notebook) and its
-    ``hidden`` checks: run it in a sandbox, judge every tests cell here. Never raises."""
+    ``hidden`` checks: run each notebook in a sandbox, judge every tests cell here, all before the sandbox's
+    deadline (``limits.seconds`` from its start): a cell still to judge past it scores nothing and says so.
+    Never raises."""
     result = StudentResult(student or Path(folder).parent.name)
     result.timings = {"queue": time.time() - queued_at if queued_at else 0.0, "run": 0.0, "judge": 0.0}
     result.cells = [CellResult(c.metadata.nbgrader.grade_id, 0.0, float(c.metadata.nbgrader.get("points", 0)),
@@ -66,8 +69,8 @@ def grade_submission(folder: Path, releases: dict[str, dict], hidden: Path, limi
     try:
         files = {n: courses.locate(folder, n, alone=len(releases) == 1) for n in releases}
         submitted = {n: courses.submitted_notebook(folder, f) for n, (f, _) in files.items()}
-    except ValueError as exc:
-        result.error = str(exc)
+    except (ValueError, OSError) as exc:  # OSError: a file the grader may not read, or that vanished
+        result.error = str(exc) if isinstance(exc, ValueError) else f"the submission cannot be read ({exc})"
         return result
     result.note = "; ".join(note for _, note in files.values() if note)
     module = judge.load(hidden)
@@ -87,7 +90,11 @@ def grade_submission(folder: Path, releases: dict[str, dict], hidden: Path, limi
             t1 = time.time()
             by_id = {c.metadata.get("nbgrader", {}).get("grade_id"): c for c in code}
             for cell in (c for c in result.cells if c.notebook == Path(name).stem):
-                cell.message = judge.judge_cell(module, cell.grade_id, sandboxed)
+                if time.monotonic() > sandboxed.deadline:  # the grader's judging counts towards it too
+                    why = sandboxed.stopped or f"the submission ran past its {limits.seconds:.0f} s"
+                    result.error, cell.message = result.error or why, f"{cell.grade_id}: not judged: {why}"
+                else:
+                    cell.message = judge.judge_cell(module, cell.grade_id, sandboxed)
                 cell.score = 0.0 if cell.message else cell.max_score
                 if cell.message:
                     by_id[cell.grade_id].outputs.append(nbformat.v4.new_output(
@@ -187,38 +194,62 @@ def dask_client(jobs: int = 2, scheduler: str | None = None) -> Iterator[Any]:
 
 def grade_class(course: Path, assignment: str, *, students: Iterable[str] | None = None, client: Any = None,
                 jobs: int = 2, scheduler: str | None = None, limits: Limits = DEFAULT_LIMITS,
-                progress: bool = True,
+                progress: bool = True, grace: float = GRACE_SECONDS,
                 before_feedback: Callable[[list[str]], Any] | None = None) -> list[StudentResult]:
     """Grade every submission of ``assignment`` (or only ``students``), record grades and feedback.
 
-    Runs on ``client``, else on ``dask_client(jobs, scheduler)``. ``before_feedback`` is called with the
-    recorded students between the gradebook and the feedback (the term's late penalties go into both).
+    Runs on ``client``, else on ``dask_client(jobs, scheduler)``. Each submission is recorded as soon as it is
+    graded; one still grading ``grace`` seconds past its deadline is stopped and recorded as not graded, with why,
+    as is a student id that cannot be one. ``before_feedback`` is called with the recorded students between the
+    gradebook and the feedback (the term's late penalties go into both).
     """
-    from distributed import as_completed
-
     course = Path(course).resolve()
     work = transport.Assignment(assignment, courses.register(course, assignment),
                                 judge.hidden_module(assignment, course).read_text())
     names = sorted(students) if students is not None else courses.students(course, assignment)
-    results: dict[str, StudentResult] = {}
+    results = {s: StudentResult(s, error=why) for s in names if (why := courses.id_problem(s))}
+    recorded: list[str] = []
     with nullcontext(client) if client is not None else dask_client(jobs, scheduler) as client:
         plugin = _on_worker(work)  # the release and hidden checks go to each worker once, not with each task
         client.register_plugin(plugin)
         futures = {client.submit(_grade_held, transport.pack(course / "submitted" / s / assignment, limits.scratch),
                                  plugin.name, limits, student=s, queued_at=time.time(), pure=False, retries=1): s
-                   for s in names}
-        with tqdm(total=len(names), desc=f"grade {assignment}", unit="submission", disable=not progress) as bar:
-            for future in as_completed(futures):
-                s = futures[future]
-                try:
-                    results[s] = future.result()
-                except Exception as exc:  # noqa: BLE001 - its Dask worker died twice (KilledWorker), or it raised twice
-                    results[s] = StudentResult(s, error=f"grading failed twice: {type(exc).__name__}: {exc}")
+                   for s in names if s not in results}
+        with tqdm(total=len(names), initial=len(results), desc=f"grade {assignment}", unit="submission",
+                  disable=not progress) as bar:
+            for s, result in _as_graded(client, futures, limits.seconds + grace):
+                results[s] = result
+                recorded += record(course, assignment, [result])
                 bar.update(1)
-    recorded = record(course, assignment, [results[s] for s in names])
     if before_feedback is not None:
         before_feedback(recorded)
     problem = courses.feedback(course, assignment, [s for s in names if results[s].notebooks])
     for s in names:
         results[s].error = results[s].error or problem
     return [results[s] for s in names]
+
+
+def _as_graded(client: Any, futures: dict[Any, str], allowed: float) -> Iterator[tuple[str, StudentResult]]:
+    """(student, result) of each future as it ends. One that has run ``allowed`` seconds (its sandbox's deadline
+    passed long ago: the grader's own work is what is stuck) is cancelled and its Dask worker restarted."""
+    pending, started = dict(futures), {}
+    while pending:
+        done = [f for f in pending if f.done()]
+        for future in done:
+            s = pending.pop(future)
+            try:
+                result = future.result()
+            except Exception as exc:  # noqa: BLE001 - its Dask worker died twice (KilledWorker), or it raised twice
+                result = StudentResult(s, error=f"grading failed twice: {type(exc).__name__}: {exc}")
+            future.release()  # its result is here now: a worker restarted later must not compute it again
+            yield s, result
+        now = time.monotonic()
+        for worker, keys in client.processing().items():
+            for future in [f for f in pending if f.key in keys]:
+                if now - started.setdefault(future, now) > allowed:
+                    s = pending.pop(future)
+                    client.cancel(future)
+                    client.restart_workers([worker], raise_for_error=False)
+                    yield s, StudentResult(s, error=f"grading ran {allowed:.0f} s without finishing: stopped")
+        if not done:
+            time.sleep(0.2)

@@ -17,27 +17,52 @@ from typing import Any
 import numpy as np
 
 from mha_lab.grading import worker
-from mha_lab.grading.worker import SmoothLoss
 from mha_lab.measure import traced_memory
 from mha_lab.testing import tolerances
 
-__all__ = ["BUG_TAG", "bug_ids", "call", "call_with_peak", "call_replacing", "invoke", "expect_array", "expect_close",
-           "expect_true", "expect_within_budget", "retag", "SmoothLoss"]
+__all__ = ["BUG_TAG", "MESSAGE_CHARS", "bug_ids", "clip", "call", "call_with_peak", "call_replacing", "invoke",
+           "expect_array", "expect_close", "expect_true", "expect_within_budget", "retag", "SmoothLoss"]
 
 
 BUG_TAG = re.compile(r"\[bug: ([a-z0-9]+(?:-[a-z0-9]+)*)\]")  # a likely bug's stable id, e.g. [bug: scale-d-model]
+MESSAGE_CHARS = 4000  # of a failure message: it may quote the student's own exception, of any length
+TAIL_CHARS = 200  # kept from the end of a longer one, where its bug tag is
+
+
+def clip(message: str) -> str:
+    """``message`` cut to about ``MESSAGE_CHARS``, its head and its tail (where the tag is): what any expression
+    reads, so that no student's text costs the grader more than a fixed amount of work."""
+    if len(message) <= MESSAGE_CHARS:
+        return message
+    cut = len(message) - MESSAGE_CHARS + TAIL_CHARS
+    return f"{message[:MESSAGE_CHARS - TAIL_CHARS]} [... {cut} characters cut ...] {message[-TAIL_CHARS:]}"
 
 
 def bug_ids(message: str) -> list[str]:
     """The bug ids a failure message names, in order ([] when it names none)."""
-    return BUG_TAG.findall(message)
+    return BUG_TAG.findall(clip(message))
 
 
 def retag(hint: str, bug: str | None = None, *, note: str = "") -> str:
     """``hint`` without its tags, then ``note``, then ``[bug: bug]`` (the hint's last tag when None, if any):
-    ``retag("a [bug: x]", "y", note="; b") == "a; b [bug: y]"``."""
+    ``retag("a [bug: x]", "y", note="; b") == "a; b [bug: y]"``. The tags are cut out by position: an
+    expression that also matched the spaces before them would backtrack over a long run of spaces."""
+    hint = clip(hint)
     ids = [bug] if bug else bug_ids(hint)[-1:]
-    return re.sub(r"\s*" + BUG_TAG.pattern, "", hint).rstrip() + note + "".join(f" [bug: {i}]" for i in ids)
+    kept, start = [], 0
+    for tag in BUG_TAG.finditer(hint):
+        kept.append(hint[start:tag.start()].rstrip())
+        start = tag.end()
+    return "".join([*kept, hint[start:]]).rstrip() + note + "".join(f" [bug: {i}]" for i in ids)
+
+
+class SmoothLoss(worker.SmoothLoss):
+    """The hidden checks' ``worker.SmoothLoss``, with the exact gradient they judge against: this class stays in
+    the grader; the sandbox receives the worker's, which holds ``x`` and nothing else."""
+
+    def exact(self) -> np.ndarray:
+        """cos(x) x^2 + 2 x sin(x)."""
+        return np.cos(self.x) * self.x**2 + 2 * self.x * np.sin(self.x)
 
 
 def call(student: Any, name: str, *args: Any, **kwargs: Any) -> Any:

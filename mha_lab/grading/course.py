@@ -20,8 +20,8 @@ import nbformat
 
 from mha_lab.grading import safe_html
 
-__all__ = ["COURSE_ID", "nbgrader", "gradebook", "students", "assignments", "register", "locate", "submitted_notebook",
-           "merge", "feedback"]
+__all__ = ["COURSE_ID", "nbgrader", "gradebook", "students", "id_problem", "assignments", "register", "locate",
+           "submitted_notebook", "merge", "feedback"]
 
 COURSE_ID = "mha_lab"  # as in nbgrader_config.py
 MAX_NOTEBOOK_BYTES = 20 * 2**20
@@ -48,6 +48,14 @@ def gradebook(course: Path) -> Iterator[Any]:
 def students(course: Path, assignment: str | None = None) -> list[str]:
     """Students with a folder ``submitted/<student>/<assignment>/`` (any assignment when None)."""
     return sorted({p.parent.name for p in (Path(course) / "submitted").glob(f"*/{assignment or '*'}") if p.is_dir()})
+
+
+def id_problem(student: str) -> str:
+    """Why the folder name ``student`` cannot be a student id ('' when it can): a control character (a newline, a
+    tab, an escape...) would break the gradebook's exports, nbgrader's command lines and every table it is in."""
+    if student.isprintable() and student.strip() == student and student:
+        return ""
+    return f"the student id {student!r} has control characters or surrounding spaces: rename the folder"
 
 
 def assignments(course: Path) -> list[str]:
@@ -94,6 +102,8 @@ def submitted_notebook(folder: Path, name: str) -> nbformat.NotebookNode:
     for part in (path, *list(path.parents)[:3]):  # the notebook, assignment, student and submitted/ folders
         if part.is_symlink():
             raise ValueError(f"{part.name} is a symbolic link, not a submitted file")
+    if os.path.lexists(path) and not path.is_file():
+        raise ValueError(f"{name} is not a notebook file (a folder, a pipe or a device)")
     if not path.is_file():
         found = ", ".join(sorted(p.name for p in Path(folder).glob("*.ipynb"))) or "no .ipynb file"
         raise ValueError(f"missing notebook {name} (found: {found})")
@@ -148,5 +158,6 @@ def feedback(course: Path, assignment: str, who: list[str]) -> str:
                     "--HTMLExporter.template_name=mha_feedback", "--HTMLExporter.template_file=feedback.html.j2",
                     "--HTMLExporter.sanitize_html=True", f"--HTMLExporter.filters=clean_html={safe_html.FILTER}",
                     *(f"--HTMLExporter.extra_template_basedirs={b}" for b in bases),
-                    f"--CourseDirectory.student_id_exclude={','.join(s for s in students(course) if s not in who)}")
+                    "--CourseDirectory.student_id_exclude="
+                    + ",".join(s for s in students(course) if s not in who and not id_problem(s)))
     return "" if proc.returncode == 0 else f"generate_feedback failed: {proc.stderr.strip()[-300:]}"

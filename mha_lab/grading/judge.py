@@ -13,6 +13,7 @@ from types import ModuleType
 from typing import Any
 
 import mha_lab
+from mha_lab.grading.checks import clip
 
 __all__ = ["HIDDEN_DIR_ENV", "hidden_module", "load", "judge_cell", "run_hidden_checks"]
 
@@ -47,9 +48,9 @@ def judge_cell(module: ModuleType, name: str, student: Any) -> str:
         try:
             fn(student)
         except AssertionError as exc:
-            failures.append(f"- {check}: {str(exc) or 'assertion failed'}")
+            failures.append(f"- {check}: {clip(str(exc)) or 'assertion failed'}")
         except Exception as exc:  # noqa: BLE001 - a check that cannot run gives no points, with its reason
-            failures.append(f"- {check}: the check could not run ({type(exc).__name__}: {exc})")
+            failures.append(f"- {check}: the check could not run ({type(exc).__name__}: {clip(str(exc))})")
     return "\n".join([f"{name}: {len(failures)} hidden check(s) failed", *failures]) if failures else ""
 
 

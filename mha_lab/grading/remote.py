@@ -18,10 +18,33 @@ from typing import Any
 import numpy as np
 
 from mha_lab.grading import sandbox
+from mha_lab.grading.checks import clip
 from mha_lab.grading.worker import decode, encode, frame, read_message
 
-__all__ = ["RemoteSubmission"]
+__all__ = ["RemoteSubmission", "REPLY_TEXT", "REPLY_VALUES", "Extent"]
 
+REPLY_TEXT = 16 * 2**20  # bytes of an answer's JSON line (its arrays travel beside it, in .npy format)
+REPLY_VALUES = 200_000  # lists, objects and items in an answer's JSON line, checked before it is parsed
+
+
+@dataclasses.dataclass(frozen=True)
+class Extent:
+    """The sizes of the call in progress. The reference it hands to the student's code computes on arrays no larger
+    (as many elements, no longer axis, at most one axis more), so that whatever the code asks for, what the
+    reference broadcasts or multiplies out (``axis ** (ndim + 1)`` elements at most) costs what the check's do."""
+
+    elements: int = 0
+    axis: int = 0
+    ndim: int = 0
+
+    @classmethod
+    def of(cls, arrays: Sequence[np.ndarray]) -> Extent:
+        return cls(max((a.size for a in arrays), default=0), max((max(a.shape, default=1) for a in arrays), default=0),
+                   max((a.ndim for a in arrays), default=0))
+
+    def admits(self, arrays: Sequence[np.ndarray]) -> bool:
+        return all(a.size <= self.elements and max(a.shape, default=1) <= self.axis and a.ndim <= self.ndim + 1
+                   for a in arrays)
 
 
 class RemoteSubmission:
@@ -29,7 +52,7 @@ class RemoteSubmission:
     deadline; ``stopped`` says why the worker is gone, once it is."""
 
     def __init__(self, folder: Path, limits: sandbox.Limits) -> None:
-        self.folder, self.limits, self.stopped, self.references = Path(folder), limits, "", {}
+        self.folder, self.limits, self.stopped, self.references, self.extent = Path(folder), limits, "", {}, Extent()
         self.deadline, self.definitions = time.monotonic() + limits.seconds, None
         self.copy = sandbox.private_copy(folder, limits)
         self.proc, self.group = sandbox.start(self.copy, limits)
@@ -52,29 +75,42 @@ class RemoteSubmission:
             if not self.stopped:
                 self.proc.stdin.writelines(frame(message, arrays))
                 self.proc.stdin.flush()
-                answer = read_message(self.proc.stdout, self.limits.output)
+                answer = self._read()
                 while answer is not None and answer[0].get("op") == "reference":
                     self.proc.stdin.writelines(frame(*self._reference(*answer)))
                     self.proc.stdin.flush()
-                    answer = read_message(self.proc.stdout, self.limits.output)
+                    answer = self._read()
         except OSError:  # a broken pipe: the worker is gone
             pass
-        except (ValueError, TypeError, AttributeError, KeyError):
-            self._kill(f"the submission's worker answered garbage, or more than {self.limits.output} bytes")
+        except (ValueError, TypeError, AttributeError, KeyError, RecursionError) as exc:
+            self._kill(f"the submission's worker answered garbage ({type(exc).__name__}: {str(exc)[:200]})")
         if answer is None:  # the deadline's kill, or the worker's own end
             self._kill(f"the submission's process stopped (exit code {self.proc.wait()}): did its code call "
                        "os._exit or crash?")
             raise AssertionError(self.stopped)
         return answer
 
+    def _read(self) -> tuple[dict, list[np.ndarray]] | None:
+        """The worker's next message, bounded in size and structure before it is parsed; None once it is gone or
+        past the deadline (which the grader's own work in between counts towards)."""
+        if time.monotonic() > self.deadline:
+            self._kill(f"the submission ran out of its {self.limits.seconds:.0f} s")
+            return None
+        return read_message(self.proc.stdout, self.limits.output, text=REPLY_TEXT, values=REPLY_VALUES)
+
     def _reference(self, message: dict, arrays: list[np.ndarray]) -> tuple[dict, list[np.ndarray]]:
-        """Run the reference asked for if the call in progress named it; the reply carries the arguments' arrays
-        as it left them (it may change them in place), then its result."""
+        """Run the reference asked for if the call in progress named it, on arrays no larger than the call's own
+        (``Extent``); the reply carries the arguments' arrays as it left them (it may change them in place), then
+        its result."""
         arrays = [np.array(a) for a in arrays]  # writable copies
         path = self.references.get(message.get("name"))
         if path is None:
             return {"ok": False, "message": f"`{message.get('name')}` is answered by the grader only during the "
                                             "call it was given to"}, arrays
+        if not self.extent.admits(arrays):
+            return {"ok": False, "message": f"`{message.get('name')}` is answered only at the sizes of the call it "
+                                            f"was given to (arrays of at most {self.extent.elements} elements and "
+                                            f"{self.extent.ndim + 1} axes, each of at most {self.extent.axis})"}, arrays
         module, _, func = path.rpartition(".")
         try:
             args, kwargs = decode(message["arguments"], arrays, lambda i: self._student_callable(i, arrays))
@@ -127,9 +163,10 @@ class RemoteSubmission:
         arrays: list[np.ndarray] = []
         message = {"op": "call", "name": name, "arguments": encode(arguments, arrays), "measure": measure,
                    "replace": sorted(self.references)}
+        self.extent = Extent.of(arrays)
         reply, results = self.request(message, arrays)
         if not reply.get("ok"):
-            raise AssertionError(str(reply.get("message", "the call failed")))
+            raise AssertionError(clip(str(reply.get("message", "the call failed"))))
         peak, inputs = reply.get("peak"), sum(a.nbytes for a in arrays)
         return decode(reply.get("result"), results), peak if isinstance(peak, int) else None, inputs
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["encode", "decode", "frame", "read_message", "SmoothLoss", "call", "serve", "NOT_AVAILABLE"]
+__all__ = ["encode", "decode", "frame", "read_message", "json_values", "SmoothLoss", "call", "serve", "NOT_AVAILABLE"]
 
 # NumPy functions that may cross by name: pure reductions and ufuncs, nothing that touches files.
 NUMPY_FUNCTIONS = frozenset({"sum", "mean", "std", "var", "max", "min", "prod", "median"})
@@ -36,17 +36,14 @@ NOT_AVAILABLE = "{} is not available when graded: write the function yourself"
 
 
 class SmoothLoss:
-    """f() = sum(sin(x) x^2) of the array it holds, exact gradient cos(x) x^2 + 2 x sin(x): an object, not a
-    closure, so that it crosses to the sandbox with the very ``x`` a student's code perturbs."""
+    """f() = sum(sin(x) x^2) of the array it holds: an object, not a closure, so that it crosses to the sandbox
+    with the very ``x`` a student's code perturbs. Only ``x`` crosses: what the grader knows of f stays there."""
 
     def __init__(self, x: np.ndarray) -> None:
         self.x = x
 
     def __call__(self) -> float:
         return float(np.sum(np.sin(self.x) * self.x**2))
-
-    def exact(self) -> np.ndarray:
-        return np.cos(self.x) * self.x**2 + 2 * self.x * np.sin(self.x)
 
 
 def _numpy_function(name: Any) -> Any:
@@ -118,15 +115,23 @@ def frame(message: dict, arrays: Sequence[np.ndarray]) -> list[bytes | memoryvie
     return [(json.dumps({**message, "sizes": sizes}) + "\n").encode(), *parts]
 
 
-def read_message(stream: io.BufferedIOBase, limit: int = 1 << 62) -> tuple[dict, list[np.ndarray]] | None:
+def read_message(stream: io.BufferedIOBase, limit: int = 1 << 62, *, text: int | None = None,
+                 values: int | None = None) -> tuple[dict, list[np.ndarray]] | None:
     """The next message on ``stream`` (arrays read into place), None at its end; ValueError for anything malformed,
-    longer than ``limit`` bytes or pickled."""
-    line = stream.readline(limit)
+    longer than ``limit`` bytes or pickled, a JSON line longer than ``text`` bytes or with more than ``values``
+    lists, objects and items (``json_values``): checked before it is parsed, so that its parsing costs the reader
+    a bounded amount of memory."""
+    longest = min(limit, text or limit)
+    line = stream.readline(longest + 1)
     if not line:
         return None
+    if not line.endswith(b"\n") or len(line) > longest:
+        raise ValueError(f"a message longer than {longest} bytes before its arrays")
+    if values is not None and json_values(line, values) > values:
+        raise ValueError(f"a message of more than {values} JSON values")
     message, arrays, start = json.loads(line), [], 0
     sizes = [int(n) for n in message.get("sizes", [])]
-    if not line.endswith(b"\n") or len(line) + sum(sizes) > limit:
+    if len(line) + sum(sizes) > limit:
         raise ValueError(f"a message longer than {limit} bytes")
     payload = bytearray(sum(sizes))
     view, done = memoryview(payload), 0
@@ -147,6 +152,20 @@ def read_message(stream: io.BufferedIOBase, limit: int = 1 << 62) -> tuple[dict,
         arrays.append(array.reshape(shape, order="F" if fortran else "C"))
         start += size
     return message, arrays
+
+
+def json_values(line: bytes, most: int) -> int:
+    """How many lists, objects and items the JSON ``line`` holds (its brackets, commas and colons outside its
+    strings), counted until it passes ``most``: in linear time, each string skipped by JSON's own scanner."""
+    text, count, at = line.decode("utf-8", "replace"), 0, 0
+    while count <= most:
+        quote = text.find('"', at)
+        stop = len(text) if quote < 0 else quote
+        count += sum(text.count(c, at, stop) for c in "[{,:")
+        if quote < 0:
+            break
+        at = json.decoder.scanstring(text, quote + 1)[1]
+    return count
 
 
 class _Refuse:
@@ -292,8 +311,10 @@ def enter(processes: int) -> None:
     if uid:
         resource.setrlimit(resource.RLIMIT_NPROC, (processes, processes))
         for entry in Path("/submission").iterdir():  # a copy the code may change; links stay links
-            copy = shutil.copytree if entry.is_dir() and not entry.is_symlink() else shutil.copy2
-            copy(entry, Path("/scratch") / entry.name, follow_symlinks=False)
+            if entry.is_dir() and not entry.is_symlink():  # copytree knows no follow_symlinks: it raised here
+                shutil.copytree(entry, Path("/scratch") / entry.name, symlinks=True)
+            else:
+                shutil.copy2(entry, Path("/scratch") / entry.name, follow_symlinks=False)
     sys.meta_path.insert(0, _Refuse())
     _warm_up()
 

@@ -47,13 +47,25 @@ def _lost(r: StudentResult) -> str:
     return " ".join([text, *extra, *(["[renamed notebook]"] if r.note else [])]).strip()
 
 
+def _shown(student: str) -> str:
+    """A student id as a table shows it: as it is, or quoted when it holds a character that is not printable."""
+    return student if student.isprintable() else repr(student)
+
+
+def _attention(r: StudentResult, when: Late | None) -> str:
+    """What the instructor should look at for this student: why it was not graded, what went wrong while it was,
+    a submission time that could not be read; '' when nothing."""
+    return _short("; ".join(text for text in (r.error, when.problem if when else "") if text))
+
+
 def summary_table(results: Sequence[StudentResult], *, late: Mapping[str, Late] | None = None,
                   unsafe: bool = False) -> str:
-    """One line per student (student, score, max, late, lost cells or reason), then the totals."""
+    """One line per student (student, score, max, late, lost cells or reason), the totals, then each student that
+    needs attention (not graded, graded with an error, or with a submission time that could not be read) and why."""
     late = late or {}
     rows = [("student", "score", "max", "late", "lost points in / not graded because")]
-    rows += [(r.student, f"{r.score:g}", f"{r.max_score:g}", late[r.student].describe() if r.student in late else "",
-              _lost(r)) for r in results]
+    rows += [(_shown(r.student), f"{r.score:g}", f"{r.max_score:g}",
+              late[r.student].describe() if r.student in late else "", _lost(r)) for r in results]
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     lines = ["  ".join(row[i].ljust(widths[i]) for i in range(4)) + "  " + row[4] for row in rows]
     lines = [line.rstrip() for line in lines]
@@ -64,6 +76,8 @@ def summary_table(results: Sequence[StudentResult], *, late: Mapping[str, Late] 
     top = max((r.max_score for r in results), default=0)
     lines.append(f"{len(results)} submissions: {len(graded)} graded, {len(results) - len(graded)} not graded, "
                  f"{n_late} late; mean final score of the graded {mean:.2f} / {top:g}")
+    attention = [(r.student, why) for r in results if (why := _attention(r, late.get(r.student)))]
+    lines += ["needs attention:", *(f"  {s!r}: {why}" for s, why in attention)] if attention else []
     if unsafe:
         lines.append("WARNING: graded with --unsafe-no-sandbox: student code ran unconfined, as this user")
     return "\n".join(lines)

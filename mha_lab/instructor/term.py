@@ -2,6 +2,8 @@
 
 - The submission time is ``submitted/<student>/<a>/timestamp.txt`` as ``nbgrader collect`` writes it
   (``2026-11-23 17:02:11.123456 UTC``), read with nbgrader's own parser; no file, no time (as nbgrader).
+  A file that is there but cannot be read as a time (a folder, a link, garbage) never counts as on time:
+  the time the notebook arrived (its file time, as collected) stands for it, and the summary flags it.
 - The due date is the gradebook's: ``nbgrader db assignment add <a> --duedate "2026-11-23 17:00:00 UTC"``.
 - ``extensions.csv`` at the course root (``student,assignment,due``, the due date in the same format)
   moves one student's due date. It lands in the gradebook as nbgrader's ``extension``, so the
@@ -21,7 +23,7 @@ import os
 import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 from nbgrader.plugins import BasePlugin, LateSubmissionPlugin
@@ -31,8 +33,8 @@ from traitlets.utils.importstring import import_item
 
 from mha_lab.grading import course as courses
 
-__all__ = ["EXTENSIONS", "Late", "PerDayPenalty", "read_timestamp", "read_extensions", "late_plugin", "check",
-           "apply"]
+__all__ = ["EXTENSIONS", "Late", "PerDayPenalty", "read_timestamp", "arrival", "read_extensions", "late_plugin",
+           "check", "apply"]
 
 EXTENSIONS = "extensions.csv"
 DAY = 86400.0
@@ -48,19 +50,20 @@ class Late:
     seconds_late: float = 0.0
     penalty: float = 0.0
     extended: bool = False
-    problem: str = ""  # why the submission has no time although a file was there
+    problem: str = ""  # why timestamp.txt could not be read (then ``timestamp`` is the notebook's file time)
 
     @property
     def hours_late(self) -> float:
         return self.seconds_late / 3600
 
     def describe(self) -> str:
-        """'' when on time; else e.g. 'late 26.5 h (-2)'; 'no timestamp' when a due date exists but no time."""
-        if self.problem:
-            return f"no time: {self.problem}"
+        """'' when on time; else e.g. 'late 26.5 h (-2)'; 'no timestamp' when a due date exists but no time; then
+        'file time' when timestamp.txt could not be read and the notebook's file time stood for it."""
         if self.seconds_late > 0:
-            return f"late {self.hours_late:.1f} h (-{self.penalty:g})"
-        return "no timestamp" if self.timestamp is None and self.due is not None else ""
+            when = f"late {self.hours_late:.1f} h (-{self.penalty:g})"
+        else:
+            when = "no timestamp" if self.timestamp is None and self.due is not None else ""
+        return " ".join(filter(None, [when, "[file time: timestamp.txt unreadable]" if self.problem else ""]))
 
 
 class PerDayPenalty(LateSubmissionPlugin):
@@ -94,18 +97,30 @@ def read_timestamp(folder: Path) -> datetime | None:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as exc:
         raise ValueError(f"timestamp.txt cannot be read ({exc.strerror}: a link?)") from None
-    with os.fdopen(fd, "rb") as f:
+    try:  # a folder opens too: the file object Python would wrap it in would refuse it, IsADirectoryError
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise ValueError("timestamp.txt is not a plain file")
-        text = f.read(TIMESTAMP_BYTES + 1).decode("utf-8", "replace").strip()
+        text = os.read(fd, TIMESTAMP_BYTES + 1).decode("utf-8", "replace").strip()
+    except OSError as exc:
+        raise ValueError(f"timestamp.txt cannot be read ({exc.strerror})") from None
+    finally:
+        os.close(fd)
     if len(text) > TIMESTAMP_BYTES:
         raise ValueError(f"timestamp.txt is longer than {TIMESTAMP_BYTES} bytes")
     if not text:
         return None
     try:
         return parse_utc(text)
-    except (ValueError, OverflowError):
+    except Exception:  # noqa: BLE001 - whatever the parser makes of text that is not a time
         raise ValueError(f"timestamp.txt: {text[:60]!r} is not a time as nbgrader collect writes it") from None
+
+
+def arrival(folder: Path) -> datetime:
+    """When the submission in ``folder`` arrived, as its files say: the newest notebook's modification time as
+    collected (the folder's own when it holds none), in UTC, naive as the gradebook keeps times. Links are not
+    followed."""
+    times = [p.lstat().st_mtime for p in Path(folder).glob("*.ipynb")] or [Path(folder).lstat().st_mtime]
+    return datetime.fromtimestamp(max(times), timezone.utc).replace(tzinfo=None)
 
 
 def read_extensions(course: Path) -> dict[tuple[str, str], datetime]:
@@ -176,10 +191,12 @@ def apply(course: Path, assignment: str, students: Iterable[str]) -> dict[str, L
                 continue
             if submission.student.first_name is None and submission.student.last_name is None:
                 submission.student.last_name, submission.student.first_name = student, ""
+            folder = course / "submitted" / student / assignment
             try:
-                submission.timestamp, problem = read_timestamp(course / "submitted" / student / assignment), ""
-            except ValueError as exc:  # graded, with no time: the summary and the CSV say why
-                submission.timestamp, problem = None, str(exc)
+                submission.timestamp, problem = read_timestamp(folder), ""
+            except ValueError as exc:  # never on time by default: when it arrived stands in; the summary says so
+                submission.timestamp = arrival(folder)
+                problem = f"{exc}; the notebook's file time {submission.timestamp:%Y-%m-%d %H:%M:%S} UTC is used"
             extended = extensions.get((student, assignment)) if due is not None else None  # see check()
             submission.extension = None if extended is None else extended - due
             late = submission.total_seconds_late
