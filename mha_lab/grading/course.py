@@ -5,6 +5,7 @@ the submission's sandbox is gone."""
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import importlib.util
 import os
 import shutil
@@ -18,8 +19,8 @@ from typing import Any
 
 import nbformat
 
-__all__ = ["COURSE_ID", "nbgrader", "gradebook", "students", "assignments", "register", "locate", "submitted_notebook",
-           "merge", "feedback"]
+__all__ = ["COURSE_ID", "nbgrader", "gradebook", "students", "assignments", "register", "release_files", "locate",
+           "submitted_notebook", "merge", "feedback"]
 
 COURSE_ID = "mha_lab"  # as in nbgrader_config.py
 MAX_NOTEBOOK_BYTES = 20 * 2**20
@@ -70,6 +71,25 @@ def register(course: Path, assignment: str) -> dict[str, nbformat.NotebookNode]:
             raise RuntimeError(f"nbgrader generate_assignment {assignment} failed:\n{proc.stderr[-2000:]}")
         releases = sorted((Path(tmp) / "assignments" / assignment).glob("*.ipynb"))
         return {p.name: nbformat.read(p, as_version=4) for p in releases}
+
+
+RELEASE_IGNORE = (".ipynb_checkpoints", "*.pyc", "__pycache__", "feedback")  # nbgrader's CourseDirectory.ignore
+
+
+def release_files(course: Path, assignment: str) -> dict[str, bytes]:
+    """The files the release ships beside its notebooks (``expected.npz``), path within the folder -> bytes.
+
+    ``nbgrader generate_assignment`` copies every file of the source folder but its notebooks into the release;
+    the grader gives these to every submission's sandbox, in place of any copy the student handed in.
+    """
+    source = Path(course) / "solutions" / assignment
+    files = {}
+    for path in sorted(source.rglob("*")):
+        rel = path.relative_to(source)
+        if (path.is_file() and path.suffix != ".ipynb"
+                and not any(fnmatch.fnmatch(part, pattern) for part in rel.parts for pattern in RELEASE_IGNORE)):
+            files[rel.as_posix()] = path.read_bytes()
+    return files
 
 
 def locate(folder: Path, name: str, alone: bool) -> tuple[str, str]:

@@ -26,15 +26,16 @@ __all__ = ["SandboxedAutograde", "grade_one"]
 
 
 @functools.cache
-def _releases(course: Path, assignment: str) -> dict:
-    return courses.register(course, assignment)  # once per process: `nbgrader autograde` may grade a class
+def _releases(course: Path, assignment: str) -> tuple[dict, dict[str, bytes]]:
+    """The release's notebooks and the files beside them, once per process: `nbgrader autograde` may grade a class."""
+    return courses.register(course, assignment), courses.release_files(course, assignment)
 
 
 def grade_one(course: Path, assignment: str, student: str) -> batch.StudentResult:
     """Grade one submission in the sandbox and record it (scores, autograded notebook, lateness)."""
-    releases = _releases(course, assignment)
+    releases, files = _releases(course, assignment)
     result = batch.grade_submission(course / "submitted" / student / assignment, releases,
-                                    judge.hidden_module(assignment, course), student=student)
+                                    judge.hidden_module(assignment, course), student=student, release_files=files)
     if result.notebooks:  # one that did not run fails in nbgrader instead (see preprocess)
         term.apply(course, assignment, batch.record(course, assignment, [result]))
     return result
