@@ -19,17 +19,29 @@ from typing import Any
 
 import nbformat
 
-__all__ = ["COURSE_ID", "nbgrader", "gradebook", "students", "assignments", "register", "release_files", "locate",
-           "submitted_notebook", "merge", "feedback"]
+__all__ = ["COURSE_ID", "use_own_scripts", "nbgrader", "gradebook", "students", "assignments", "register",
+           "release_files", "locate", "submitted_notebook", "merge", "feedback"]
 
 COURSE_ID = "mha_lab"  # as in nbgrader_config.py
 MAX_NOTEBOOK_BYTES = 20 * 2**20
 
 
+def _with_own_scripts(path: str) -> str:
+    """``path`` (a PATH) with this interpreter's scripts folder first, where nbgrader finds its ``alembic``."""
+    scripts = str(Path(sys.executable).parent)
+    return path if path.split(os.pathsep)[:1] == [scripts] else os.pathsep.join(filter(None, [scripts, path]))
+
+
+def use_own_scripts() -> None:
+    """Put this interpreter's scripts folder first on PATH: nbgrader runs its environment's ``alembic`` script when
+    it makes a gradebook, and without an activated virtual environment that script is not on PATH
+    (``FileNotFoundError: 'alembic'``). nbgrader_config.py calls it, so ``.venv/bin/nbgrader`` works as typed."""
+    os.environ["PATH"] = _with_own_scripts(os.environ.get("PATH", ""))
+
+
 def nbgrader(course: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     """Run ``nbgrader <args>`` in the course folder (its nbgrader_config.py applies)."""
-    bin_dir = str(Path(sys.executable).parent)  # nbgrader calls the ``alembic`` script of its environment
-    env = {**os.environ, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", "")}
+    env = {**os.environ, "PATH": _with_own_scripts(os.environ.get("PATH", ""))}
     return subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=course, env=env, capture_output=True,
                           text=True, timeout=timeout, check=False)
 
@@ -38,6 +50,8 @@ def nbgrader(course: Path, *args: str, timeout: float = 600) -> subprocess.Compl
 def gradebook(course: Path) -> Iterator[Any]:
     """nbgrader's ``Gradebook`` of ``<course>/gradebook.db`` (made when missing), SQLAlchemy's warnings silenced."""
     from nbgrader.api import Gradebook
+
+    use_own_scripts()  # a new gradebook is stamped by nbgrader's ``alembic`` script
 
     with Gradebook(f"sqlite:///{Path(course) / 'gradebook.db'}", course_id=COURSE_ID) as gb, warnings.catch_warnings():
         warnings.simplefilter("ignore")  # SQLAlchemy's, about nbgrader's own session handling

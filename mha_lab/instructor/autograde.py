@@ -55,7 +55,7 @@ class SandboxedAutograde(NbGraderPreprocessor):
     def preprocess(self, nb: NotebookNode, resources: ResourcesDict) -> tuple[NotebookNode, ResourcesDict]:
         info = resources["nbgrader"]
         assignment, student, name = info["assignment"], info["student"], f"{info['notebook']}.ipynb"
-        fix = f"grade with `make grade A={assignment}` (python -m mha_lab.grading {assignment} --student {student})"
+        fix = f"grade with `make grade A={assignment}` (python -m mha_lab grade {assignment} --student {student})"
         try:
             sandbox.check()
         except sandbox.SandboxError as exc:

@@ -2,7 +2,8 @@
 
 - The submission time is ``submitted/<student>/<a>/timestamp.txt`` as ``nbgrader collect`` writes it
   (``2026-11-23 17:02:11.123456 UTC``), read with nbgrader's own parser; no file, no time (as nbgrader).
-- The due date is the gradebook's: ``nbgrader db assignment add <a> --duedate "2026-11-23 17:00:00 UTC"``.
+- The due date is the gradebook's: ``python -m mha_lab due <a> "2026-11-23 17:00:00 UTC"`` (``set_due``) sets or
+  moves it, as ``nbgrader db assignment add <a> --duedate ...`` does.
 - ``extensions.csv`` at the course root (``student,assignment,due``, the due date in the same format)
   moves one student's due date. It lands in the gradebook as nbgrader's ``extension``, so the
   lateness nbgrader computes (``total_seconds_late``) and ``nbgrader export`` follow it.
@@ -14,12 +15,14 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import csv
 import math
 import os
 import stat
-from collections.abc import Iterable
+import sys
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -31,8 +34,8 @@ from traitlets.utils.importstring import import_item
 
 from mha_lab.grading import course as courses
 
-__all__ = ["EXTENSIONS", "Late", "PerDayPenalty", "read_timestamp", "read_extensions", "late_plugin", "check",
-           "apply"]
+__all__ = ["EXTENSIONS", "Late", "PerDayPenalty", "read_timestamp", "read_extensions", "late_plugin", "set_due",
+           "check", "apply", "main"]
 
 EXTENSIONS = "extensions.csv"
 DAY = 86400.0
@@ -140,6 +143,29 @@ def late_plugin(course: Path) -> BasePlugin:
     return cls(config=config)
 
 
+def set_due(course: Path, assignment: str, due: str) -> tuple[datetime, datetime | None]:
+    """Set or move the assignment's due date in the gradebook (made when missing); returns (new, old) in UTC.
+
+    ``due`` as nbgrader reads it (``2026-11-23 17:00:00 UTC``); ValueError when it is not a date or the course has
+    no source of that assignment."""
+    from nbgrader.api import MissingEntry
+    from nbgrader.utils import parse_utc
+
+    if not (Path(course) / "solutions" / assignment).is_dir():
+        raise ValueError(f"no assignment {assignment!r} in {Path(course) / 'solutions'}")
+    try:
+        when = parse_utc(due)
+    except (ValueError, OverflowError):
+        raise ValueError(f"{due!r} is not a date such as '2026-11-23 17:00:00 UTC'") from None
+    with courses.gradebook(course) as gb:
+        try:
+            old = gb.find_assignment(assignment).duedate
+        except MissingEntry:
+            old = None
+        gb.update_or_create_assignment(assignment, duedate=when)
+    return when, old
+
+
 def check(course: Path, assignments: Iterable[str]) -> None:
     """Before grading: ``extensions.csv`` and the penalty's configuration can be read, and every assignment it
     extends has a due date in the gradebook; ValueError (ImportError for a plugin) names what to fix."""
@@ -153,7 +179,7 @@ def check(course: Path, assignments: Iterable[str]) -> None:
                 due = gb.find_assignment(assignment).duedate
         if due is None:
             raise ValueError(f"{EXTENSIONS} extends {assignment}, which has no due date in the gradebook: set it "
-                             f"first with nbgrader db assignment add {assignment} --duedate '2026-11-23 17:00:00 UTC'")
+                             f"first: python -m mha_lab due {assignment} '2026-11-23 17:00:00 UTC'")
 
 
 def apply(course: Path, assignment: str, students: Iterable[str]) -> dict[str, Late]:
@@ -194,3 +220,26 @@ def apply(course: Path, assignment: str, students: Iterable[str]) -> dict[str, L
                                   problem)
         gb.db.commit()
     return found
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m mha_lab due <assignment> DATE [--course DIR]``: set or move a due date."""
+    parser = argparse.ArgumentParser(prog="python -m mha_lab due", description="Set or move an assignment's due "
+                                     "date in the course's gradebook (late penalties count from it).")
+    parser.add_argument("assignment", help="e.g. ps2_mqa")
+    parser.add_argument("due", help="the due date in UTC, e.g. '2026-12-01 17:00:00 UTC'")
+    parser.add_argument("--course", type=Path, default=Path.cwd(), help="course root (default: here)")
+    args = parser.parse_args(argv)
+    if not (args.course / "nbgrader_config.py").is_file():
+        parser.error(f"{args.course.resolve()} is not a course folder (no nbgrader_config.py); pass --course DIR")
+    try:
+        when, old = set_due(args.course, args.assignment, args.due)
+    except ValueError as exc:
+        parser.exit(1, f"due: {exc}\n")
+    moved = f" (was {old:%Y-%m-%d %H:%M:%S} UTC)" if old is not None and old != when else ""
+    print(f"{args.assignment} is due {when:%Y-%m-%d %H:%M:%S} UTC{moved}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
