@@ -158,6 +158,7 @@ def test_class_report_groups_each_mutant_with_exactly_its_students(graded, assig
         assert group, (f"mutant {m.name!r}: no misconception group of exactly {sorted(who)}; groups with it: "
                        f"{[g for g in groups if mutant_student(i) in g['students']]}")
         assert any(m.feedback in said for said in group["says"].values()), (m.feedback, group)
+        assert not m.bug or group["bugs"] == [m.bug], f"mutant {m.name!r} is grouped as {group['bugs']}, not {m.bug}"
     blank = [g for g in groups if RELEASE_STUDENT in g["students"]]
     assert blank and all(g["bugs"] == ["not-implemented"] and g["students"] == [RELEASE_STUDENT] for g in blank)
     assert "## Misconceptions" in (out / "report.md").read_text()
