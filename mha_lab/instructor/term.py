@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+import nbformat
 from nbgrader.plugins import BasePlugin, LateSubmissionPlugin
 from traitlets import Float
 from traitlets.config.loader import PyFileConfigLoader
@@ -34,8 +35,8 @@ from traitlets.utils.importstring import import_item
 
 from mha_lab.grading import course as courses
 
-__all__ = ["EXTENSIONS", "Late", "PerDayPenalty", "read_timestamp", "read_extensions", "late_plugin", "set_due",
-           "check", "apply", "main"]
+__all__ = ["EXTENSIONS", "NOTE_KEY", "Late", "PerDayPenalty", "read_timestamp", "read_extensions", "describe_policy",
+           "late_line", "late_plugin", "set_due", "check", "apply", "main"]
 
 EXTENSIONS = "extensions.csv"
 DAY = 86400.0
@@ -133,6 +134,32 @@ def read_extensions(course: Path) -> dict[tuple[str, str], datetime]:
     return found
 
 
+def describe_policy(plugin: BasePlugin) -> str:
+    """The late policy in words, for the feedback: '10% per started day, capped at 50%'."""
+    if isinstance(plugin, PerDayPenalty):
+        return f"{plugin.per_day:.0%} per started day, capped at {plugin.cap:.0%}"
+    if type(plugin) is LateSubmissionPlugin:  # nbgrader's own, not a subclass with a rule of its own
+        return {"zero": "late work scores 0", "none": "no penalty"}.get(plugin.penalty_method, plugin.penalty_method)
+    return f"the course's late policy ({type(plugin).__name__})"
+
+
+NOTE_KEY = "mha_lab_late"  # in an autograded notebook's metadata: the feedback's late line
+
+
+def late_line(late: Late, policy: str) -> str:
+    """'24.0 h late, 10% per started day, capped at 50%' ('' when on time): how late, and the rule."""
+    return f"{late.hours_late:.1f} h late, {policy}" if late.seconds_late > 0 else ""
+
+
+def _note_lateness(course: Path, assignment: str, student: str, line: str) -> None:
+    """Put the late line into the student's autograded notebooks, where the feedback page reads it."""
+    for path in sorted((Path(course) / "autograded" / student / assignment).glob("*.ipynb")):
+        nb = nbformat.read(path, as_version=4)
+        if nb.metadata.get(NOTE_KEY, "") != line:
+            nb.metadata[NOTE_KEY] = line
+            nbformat.write(nb, path)
+
+
 def late_plugin(course: Path) -> BasePlugin:
     """The late-penalty plugin nbgrader_config.py configures (nbgrader's ``LateSubmissionPlugin`` by default)."""
     config = PyFileConfigLoader("nbgrader_config.py", path=str(course)).load_config()
@@ -219,6 +246,9 @@ def apply(course: Path, assignment: str, students: Iterable[str]) -> dict[str, L
             found[student] = Late(submission.timestamp, submission.duedate, late, penalty, extended is not None,
                                   problem)
         gb.db.commit()
+    policy = describe_policy(plugin)
+    for student, late in found.items():
+        _note_lateness(course, assignment, student, late_line(late, policy))
     return found
 
 
