@@ -104,3 +104,24 @@ def test_the_readme_quick_start_runs_a_term_and_leaves_the_clone_clean(tmp_path)
                             capture_output=True, text=True, check=True).stdout
     assert status == "", f"the term changed the project's checkout:\n{status}"
     assert not (set(os.listdir(clone)) & {"submitted", "gradebook.db", "feedback", "reports", "canvas_import.csv"})
+
+
+def test_course_init_refuses_the_checkout_and_a_second_init_and_due_moves_a_date(tmp_path, capsys):
+    from mha_lab.__main__ import main
+    from mha_lab.instructor import course_folder
+
+    with pytest.raises(ValueError, match="inside the project's checkout"):
+        course_folder.init(REPO / "my_course")
+    course = course_folder.init(tmp_path / "c")
+    with pytest.raises(ValueError, match="a course folder already"):
+        course_folder.init(course)
+    ignored = (course / ".gitignore").read_text().split()
+    assert {"submitted/", "gradebook.db", "feedback/", "reports/", "grades_*.csv", "canvas_*.csv"} <= set(ignored)
+    assert 'c.PerDayPenalty.per_day = 0.1' in (course / "nbgrader_config.py").read_text()
+    assert sorted(p.name for p in (course / "assignments").glob("*/expected.npz")) == ["expected.npz"] * 4
+    assert main(["due", "ps2_mqa", "2026-12-01 17:00:00 UTC", "--course", str(course)]) == 0
+    assert main(["due", "ps2_mqa", "2026-12-03 09:30:00 UTC", "--course", str(course)]) == 0
+    assert "due 2026-12-03 09:30:00 UTC (was 2026-12-01 17:00:00 UTC)" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["due", "ps2_mqa", "next Friday", "--course", str(course)])
+    assert "not a date" in capsys.readouterr().err
