@@ -67,7 +67,7 @@ student-pack: $(STAMP)
 # GRADE_ARGS="--jobs 4".
 # Grades into Canvas or another LMS: python -m mha_lab export --canvas <export>.csv --out <file>.
 grade: $(STAMP)
-	$(BIN)/python -m mha_lab.grading $(A) --course . --jobs 2 $(GRADE_ARGS)
+	$(BIN)/python -m mha_lab grade $(A) --course . --jobs 2 $(GRADE_ARGS)
 
 # The class report of a graded assignment, reports/<A>/ (index.html, report.md, similarity.csv), rebuilt from
 # gradebook.db and autograded/ without grading again (make grade writes it too).

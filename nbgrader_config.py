@@ -16,7 +16,10 @@ from nbgrader.preprocessors import (
     SaveCells,
 )
 
+from mha_lab.grading.course import use_own_scripts
 from mha_lab.instructor.stubs import TaskStubs
+
+use_own_scripts()  # nbgrader runs its environment's `alembic` when it makes a gradebook: no activated venv needed
 
 c = get_config()  # noqa: F821 - provided by traitlets when it loads this file
 
@@ -39,6 +42,12 @@ c.Execute.interrupt_on_timeout = True
 # `nbgrader autograde` and formgrader's Autograde button grade in the sandbox, as `make grade` does
 # (stock nbgrader would run student code here, as you); nbgrader's sanitising steps run first.
 c.Autograde.autograde_preprocessors = ["mha_lab.instructor.autograde.SandboxedAutograde"]
+# nbgrader's sanitising steps, with OverwriteCells quiet about tests cells handed in as released (stock nbgrader
+# warns "Attribute 'checksum' ... has changed!" for each: the gradebook keeps them with their hidden block).
+c.Autograde.sanitize_preprocessors = [
+    "nbgrader.preprocessors.ClearOutput", "nbgrader.preprocessors.DeduplicateIds",
+    "nbgrader.preprocessors.OverwriteKernelspec", "mha_lab.instructor.autograde.ReleasedCellsUnchanged",
+    "nbgrader.preprocessors.CheckCellMetadata"]
 
 # Late work: submission times from timestamp.txt, due dates from the gradebook, extensions.csv.
 # nbgrader's policies: c.LateSubmissionPlugin.penalty_method = "none" (default) or "zero"; or a

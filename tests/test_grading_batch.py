@@ -18,11 +18,11 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
-from mha_lab.grading import __main__ as cli
 from mha_lab.grading import batch, sandbox
 from mha_lab.grading import course as courses
 from mha_lab.grading.judge import HIDDEN_DIR_ENV
-from mha_lab.instructor import gradesheet
+from mha_lab.instructor import grade as cli
+from mha_lab.instructor import gradesheet, term
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -218,5 +218,18 @@ def test_unsafe_mode_grades_unconfined_and_the_summary_says_so(course, monkeypat
     args = ["demo", "--course", str(course), "--student", "good", "--jobs", "1", "--unsafe-no-sandbox"]
     assert cli.main(args) == 0
     out = capsys.readouterr().out
-    assert re.search(r"^good\s+3\s+3\s*$", out, re.MULTILINE), out
+    assert re.search(r"^good\s+3\s+3\s+3\s*$", out, re.MULTILINE), out  # final, raw, max
     assert "WARNING: graded with --unsafe-no-sandbox" in out
+
+
+def test_summary_fits_100_columns_and_says_where_the_whole_lists_are():
+    """A long id and a long list of failed cells are cut to fit; the final score (after the penalty) leads."""
+    cells = [batch.CellResult(f"a_rather_long_tests_cell_name_{i:02d}", float(i == 0), 1.0) for i in range(12)]
+    long = batch.StudentResult("s" * 60, score=1.0, max_score=12.0, cells=cells, notebooks={"x.ipynb": {}})
+    late = batch.StudentResult("late", score=10.0, max_score=12.0, cells=cells[:2], notebooks={"x.ipynb": {}})
+    table = gradesheet.summary_table([long, late], late={"late": term.Late(seconds_late=86400.0, penalty=1.0)},
+                                     details="grades_x.csv")
+    assert max(len(line) for line in table.splitlines()) <= 100, table
+    assert "every cell and message is in grades_x.csv" in table
+    assert next(ln for ln in table.splitlines() if ln.startswith("late ")).split()[1:4] == ["9", "10", "12"]
+    assert "mean final score of the graded 5.00 / 12" in table

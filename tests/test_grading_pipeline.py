@@ -60,8 +60,9 @@ def graded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, batc
         for a in ASSIGNMENTS:
             solution = nbformat.read(course / "solutions" / a / f"{a}.ipynb", as_version=4)
             release = nbformat.read(REPO / "assignments" / a / f"{a}.ipynb", as_version=4)
-            for student in REFERENCE_STUDENTS:
+            for student in REFERENCE_STUDENTS:  # notebooks alone, as students hand them in
                 submit(course, student, a, fill_release(release, solution))
+            (course / "submitted" / REFERENCE_STUDENTS[1] / a / "expected.npz").write_bytes(b"not the release's")
             submit(course, RELEASE_STUDENT, a, release)
             for i, m in enumerate(mutants(a)):
                 edit = {m.grade_id: m.apply(answer_cell(solution, m.grade_id))}
@@ -88,6 +89,22 @@ def test_reference_gets_full_marks(graded, assignment):
         assert not r.error, f"{student}: {r.error}"
         assert 10 <= r.max_score <= 25, f"{assignment} is worth {r.max_score} points; 10 to 25 expected"
         assert r.score == r.max_score, f"{student} lost points: {gradesheet.summary_table([r])}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("assignment", ASSIGNMENTS)
+def test_correct_notebook_alone_gets_feedback_without_an_error(graded, assignment):
+    """The release's expected.npz is the grader's to give: one student handed in the notebook alone, the other
+    a broken copy of it; neither feedback shows an error (every visible test ran against the release's values)."""
+    for student in REFERENCE_STUDENTS:
+        r = graded[assignment][student]
+        errors = [f"{c.metadata.get('nbgrader', {}).get('grade_id')}: {o.ename}: {o.evalue[:200]}"
+                  for nb in r.notebooks.values() for c in nb.cells for o in c.get("outputs", [])
+                  if o.output_type == "error"]
+        assert r.notebooks and not errors, f"{student}'s notebook shows errors it did not cause: {errors}"
+        text = feedback_text(graded["_course"], student, assignment)
+        assert not re.search(r"FileNotFoundError|NameError|Traceback \(most recent|Not counted", text), \
+            f"{student}'s feedback shows an error"
 
 
 @pytest.mark.slow
@@ -142,6 +159,7 @@ def test_class_report_groups_each_mutant_with_exactly_its_students(graded, assig
         assert group, (f"mutant {m.name!r}: no misconception group of exactly {sorted(who)}; groups with it: "
                        f"{[g for g in groups if mutant_student(i) in g['students']]}")
         assert any(m.feedback in said for said in group["says"].values()), (m.feedback, group)
+        assert not m.bug or group["bugs"] == [m.bug], f"mutant {m.name!r} is grouped as {group['bugs']}, not {m.bug}"
     blank = [g for g in groups if RELEASE_STUDENT in g["students"]]
     assert blank and all(g["bugs"] == ["not-implemented"] and g["students"] == [RELEASE_STUDENT] for g in blank)
     assert "## Misconceptions" in (out / "report.md").read_text()

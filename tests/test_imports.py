@@ -26,6 +26,8 @@ LAYERS = [
     ("mha_lab.cuda", ("mha_lab.cpu", "mha_lab.plots", "mha_lab.grading", "mha_lab.bench", "mha_lab.parallel"),
      "cuda uses the NumPy reference in tests only, and nothing above it"),
     ("mha_lab.plots", ("mha_lab.grading", "mha_lab.__main__"), "figures sit below grading and the command line"),
+    ("mha_lab.grading", ("mha_lab.instructor",), "the grading engine imports nothing of the instructor's wing, "
+     "which calls it"),
     ("mha_lab", ("mha_lab.__main__",), "nothing imports the command line"),
 ]
 BOTTOM = ("mha_lab.kv_cache",)  # array-library-neutral code under both cpu and cuda

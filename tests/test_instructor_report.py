@@ -409,6 +409,8 @@ def small_class(tmp_path_factory) -> Path:
                 gb.add_submission("hw", s, timestamp=DUE + timedelta(hours=5 * i - 2))
                 for cell, got in zip(CELLS, scores, strict=True):
                     gb.find_grade(cell, "hw", "hw", s).auto_score = got
+                if s == "bob":  # 3 h late: the report's scores are final ones
+                    gb.find_submission_notebook("hw", "hw", s).late_submission_penalty = 1.0
                 if s != "gus":  # recorded, but no notebook was run: not graded
                     folder = root / "autograded" / s / "hw"
                     folder.mkdir(parents=True)
@@ -441,6 +443,19 @@ def test_counts_late_and_misconceptions(small_class):
     groups = [(g["task"], tuple(g["bugs"]), tuple(g["students"])) for g in report.misconceptions(data)]
     assert groups == [("f", ("off-by-one", "wrong-sign"), ("bob", "dee")),  # largest first
                       ("f", ("off-by-one",), ("cy",)), ("f", ("wrong-sign",), ("eve",))]
+    assert data.penalty["bob"] == 1 and data.finals["bob"] == data.totals["bob"] - 1
+    assert data.finals["cy"] == data.totals["cy"]
+
+
+def test_a_line_that_cannot_tell_two_bugs_apart_is_one_of_them():
+    """One line naming two bugs groups as "one of: ..."; another line naming one of them alone settles it."""
+    line = "- test_t: wrong. Likely bug: np.tile? [bug: tile-not-repeat]. Or: transpose? [bug: reshape-no-transpose]"
+    data = report.ClassData("a", [report.TestsCell("a", "t", 1, "f"), report.TestsCell("a", "u", 1, "f")], [],
+                            messages={"amy": {"t": f"t: 1 failed\n{line}"},
+                                      "ben": {"t": f"t: 1 failed\n{line}",
+                                              "u": "u: 1 failed\n- test_u: wrong [bug: reshape-no-transpose]"}})
+    groups = {g["students"][0]: g["bugs"] for g in report.misconceptions(data)}
+    assert groups == {"amy": ["one of: reshape-no-transpose, tile-not-repeat"], "ben": ["reshape-no-transpose"]}
 
 
 def test_report_files_and_cli(small_class, capsys):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import closing, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +20,7 @@ from tqdm import tqdm
 from mha_lab.grading import course as courses
 from mha_lab.grading import judge, transport
 from mha_lab.grading.remote import RemoteSubmission
-from mha_lab.grading.sandbox import Limits
+from mha_lab.grading.sandbox import Limits, private_copy
 from mha_lab.grading.worker import OUTPUT_CHARS
 
 __all__ = ["CellResult", "StudentResult", "grade_submission", "grade_packed", "record", "dask_client", "grade_class"]
@@ -55,11 +55,15 @@ class StudentResult:
 
 
 def grade_submission(folder: Path, releases: dict[str, dict], hidden: Path, limits: Limits = DEFAULT_LIMITS, *,
-                     student: str = "", queued_at: float | None = None) -> StudentResult:
+                     student: str = "", queued_at: float | None = None,
+                     release_files: Mapping[str, bytes] | None = None) -> StudentResult:
     """Grade the submission in ``folder`` against the assignment's ``releases`` (name -> notebook) and its
     ``hidden`` checks: run each notebook in a sandbox, judge every tests cell here, all before the sandbox's
     deadline (``limits.seconds`` from its start): a cell still to judge past it scores nothing and says so.
-    Never raises."""
+    Never raises.
+
+    ``release_files``: what the release ships beside its notebooks (``courses.release_files``), given to the sandbox in
+    place of the student's copies, so that a notebook handed in alone runs as it does for the student."""
     result = StudentResult(student or Path(folder).parent.name)
     result.timings = {"queue": time.time() - queued_at if queued_at else 0.0, "run": 0.0, "judge": 0.0}
     result.cells = [CellResult(c.metadata.nbgrader.grade_id, 0.0, float(c.metadata.nbgrader.get("points", 0)),
@@ -80,7 +84,8 @@ def grade_submission(folder: Path, releases: dict[str, dict], hidden: Path, limi
             nb.cells.insert(0, nbformat.v4.new_markdown_cell(f"**Note:** {files[name][1]}."))
         code = [c for c in nb.cells if c.cell_type == "code"]
         t0 = time.time()
-        with closing(RemoteSubmission(Path(folder), limits)) as sandboxed:
+        with _with_release_files(Path(folder), release_files or {}, limits) as given, \
+                closing(RemoteSubmission(given, limits)) as sandboxed:
             try:
                 for cell, (text, error) in zip(code, sandboxed.run([c.source for c in code], _definitions(code)),
                                                strict=False):
@@ -116,7 +121,7 @@ def grade_packed(packed: transport.Packed, assignment: transport.Assignment, lim
     try:
         with transport.unpacked(packed, assignment.name) as folder, transport.hidden_checks(assignment) as hidden:
             return grade_submission(folder, assignment.releases, hidden, limits, student=student,
-                                    queued_at=queued_at)
+                                    queued_at=queued_at, release_files=assignment.release_files)
     except ValueError as exc:
         return StudentResult(student, error=str(exc))
 
@@ -139,6 +144,28 @@ def _grade_held(packed: transport.Packed, plugin: str, limits: Limits, **kwargs:
     from distributed import get_worker
 
     return grade_packed(packed, get_worker().plugins[plugin].assignment, limits, **kwargs)
+
+
+@contextmanager
+def _with_release_files(folder: Path, files: Mapping[str, bytes], limits: Limits) -> Iterator[Path]:
+    """The submission folder as its sandbox gets it: the student's files, with the release's ``files`` in place
+    of any copy (or link, or folder) of the same name the student handed in."""
+    if not files:
+        yield folder
+        return
+    copy = private_copy(folder, limits)
+    try:
+        for name, data in files.items():
+            target = copy / name
+            for part in [*reversed(target.parents[:len(Path(name).parts) - 1]), target]:  # each folder, then the file
+                if part.is_symlink() or (part.exists() and (part == target or not part.is_dir())):
+                    shutil.rmtree(part) if part.is_dir() and not part.is_symlink() else part.unlink()
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+            target.chmod(0o644)
+        yield copy
+    finally:
+        shutil.rmtree(copy, ignore_errors=True)
 
 
 def _definitions(code: list[nbformat.NotebookNode]) -> tuple[list[str], list[str]]:
@@ -205,7 +232,8 @@ def grade_class(course: Path, assignment: str, *, students: Iterable[str] | None
     """
     course = Path(course).resolve()
     work = transport.Assignment(assignment, courses.register(course, assignment),
-                                judge.hidden_module(assignment, course).read_text())
+                                judge.hidden_module(assignment, course).read_text(),
+                                courses.release_files(course, assignment))
     names = sorted(students) if students is not None else courses.students(course, assignment)
     results = {s: StudentResult(s, error=why) for s in names if (why := courses.id_problem(s))}
     recorded: list[str] = []

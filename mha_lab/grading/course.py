@@ -5,6 +5,7 @@ the submission's sandbox is gone."""
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import importlib.util
 import os
 import shutil
@@ -20,17 +21,29 @@ import nbformat
 
 from mha_lab.grading import safe_html
 
-__all__ = ["COURSE_ID", "nbgrader", "gradebook", "students", "id_problem", "assignments", "register", "locate",
-           "submitted_notebook", "merge", "feedback"]
+__all__ = ["COURSE_ID", "use_own_scripts", "nbgrader", "gradebook", "students", "id_problem", "assignments",
+           "register", "release_files", "locate", "submitted_notebook", "merge", "feedback"]
 
 COURSE_ID = "mha_lab"  # as in nbgrader_config.py
 MAX_NOTEBOOK_BYTES = 20 * 2**20
 
 
+def _with_own_scripts(path: str) -> str:
+    """``path`` (a PATH) with this interpreter's scripts folder first, where nbgrader finds its ``alembic``."""
+    scripts = str(Path(sys.executable).parent)
+    return path if path.split(os.pathsep)[:1] == [scripts] else os.pathsep.join(filter(None, [scripts, path]))
+
+
+def use_own_scripts() -> None:
+    """Put this interpreter's scripts folder first on PATH: nbgrader runs its environment's ``alembic`` script when
+    it makes a gradebook, and without an activated virtual environment that script is not on PATH
+    (``FileNotFoundError: 'alembic'``). nbgrader_config.py calls it, so ``.venv/bin/nbgrader`` works as typed."""
+    os.environ["PATH"] = _with_own_scripts(os.environ.get("PATH", ""))
+
+
 def nbgrader(course: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     """Run ``nbgrader <args>`` in the course folder (its nbgrader_config.py applies)."""
-    bin_dir = str(Path(sys.executable).parent)  # nbgrader calls the ``alembic`` script of its environment
-    env = {**os.environ, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", "")}
+    env = {**os.environ, "PATH": _with_own_scripts(os.environ.get("PATH", ""))}
     return subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=course, env=env, capture_output=True,
                           text=True, timeout=timeout, check=False)
 
@@ -39,6 +52,8 @@ def nbgrader(course: Path, *args: str, timeout: float = 600) -> subprocess.Compl
 def gradebook(course: Path) -> Iterator[Any]:
     """nbgrader's ``Gradebook`` of ``<course>/gradebook.db`` (made when missing), SQLAlchemy's warnings silenced."""
     from nbgrader.api import Gradebook
+
+    use_own_scripts()  # a new gradebook is stamped by nbgrader's ``alembic`` script
 
     with Gradebook(f"sqlite:///{Path(course) / 'gradebook.db'}", course_id=COURSE_ID) as gb, warnings.catch_warnings():
         warnings.simplefilter("ignore")  # SQLAlchemy's, about nbgrader's own session handling
@@ -80,6 +95,25 @@ def register(course: Path, assignment: str) -> dict[str, nbformat.NotebookNode]:
             raise RuntimeError(f"nbgrader generate_assignment {assignment} failed:\n{proc.stderr[-2000:]}")
         releases = sorted((Path(tmp) / "assignments" / assignment).glob("*.ipynb"))
         return {p.name: nbformat.read(p, as_version=4) for p in releases}
+
+
+RELEASE_IGNORE = (".ipynb_checkpoints", "*.pyc", "__pycache__", "feedback")  # nbgrader's CourseDirectory.ignore
+
+
+def release_files(course: Path, assignment: str) -> dict[str, bytes]:
+    """The files the release ships beside its notebooks (``expected.npz``), path within the folder -> bytes.
+
+    ``nbgrader generate_assignment`` copies every file of the source folder but its notebooks into the release;
+    the grader gives these to every submission's sandbox, in place of any copy the student handed in.
+    """
+    source = Path(course) / "solutions" / assignment
+    files = {}
+    for path in sorted(source.rglob("*")):
+        rel = path.relative_to(source)
+        if (path.is_file() and path.suffix != ".ipynb"
+                and not any(fnmatch.fnmatch(part, pattern) for part in rel.parts for pattern in RELEASE_IGNORE)):
+            files[rel.as_posix()] = path.read_bytes()
+    return files
 
 
 def locate(folder: Path, name: str, alone: bool) -> tuple[str, str]:

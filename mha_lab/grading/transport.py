@@ -36,11 +36,12 @@ class Packed:
 @dataclass(frozen=True)
 class Assignment:
     """What every worker needs once per assignment: its name, the release's notebooks (name -> notebook
-    as a dict) and the source of its hidden checks."""
+    as a dict), the source of its hidden checks and the files the release ships beside its notebooks."""
 
     name: str
     releases: dict[str, dict]
     hidden_source: str
+    release_files: dict[str, bytes]
 
 
 def pack(folder: Path, cap: int) -> Packed:

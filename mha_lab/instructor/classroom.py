@@ -38,7 +38,7 @@ __all__ = ["REPO", "Target", "Attack", "Student", "new_course", "read_notebook",
 
 REPO = Path(__file__).resolve().parents[2]  # a clone: solutions/, assignments/, tests/mutants, tests/adversarial
 SOLUTION_LINE = re.compile(r"^\s*### (BEGIN|END) SOLUTION\s*$")
-GRADER = ("-m", "mha_lab.grading")  # python -m mha_lab.grading <assignment> --course DIR --jobs N --timeout S
+GRADER = ("-m", "mha_lab", "grade")  # <assignment> --course DIR --jobs N --timeout S
 
 
 # --- the course ---------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """The grade sheet of a grading run: the summary on stdout and ``grades_<assignment>.csv``.
 
-The summary has one short line per student (score, lateness, the tests cells that lost points, or
-why it was not graded) and the totals; the messages stay in the CSV and the feedback. The CSV has
+The summary has one line per student, at most 100 columns (final score after the late penalty, raw score,
+lateness, the tests cells that lost points, or why it was not graded) and the totals; the messages and whatever
+is cut to fit stay in the CSV and the feedback. The CSV has
 one row per student of the course; grading some students again replaces their rows and keeps the
 others. A student with no submission reads "not submitted", one that could not be graded "not graded":
 neither is a 0.
@@ -21,6 +22,8 @@ __all__ = ["FIELDS", "summary_table", "write_csv"]
 FIELDS = ["student", "status", "score", "max_score", "timestamp", "hours_late", "penalty", "final_score", "error",
           "note", "failed", "queue_s", "run_s", "judge_s"]
 REASON_CHARS = 90  # of a reason in the summary; the whole message is in the CSV
+WIDTH = 100  # columns of the summary: no line wraps on a terminal
+STUDENT_CHARS = 24  # of a student's id in the summary
 
 
 def _status(r: StudentResult) -> str:
@@ -58,26 +61,42 @@ def _attention(r: StudentResult, when: Late | None) -> str:
     return _short("; ".join(text for text in (r.error, when.problem if when else "") if text))
 
 
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[:max(width - 1, 0)] + "…"
+
+
+def _final(r: StudentResult, late: Mapping[str, Late]) -> float:
+    return r.score - (late[r.student].penalty if r.student in late else 0.0)
+
+
 def summary_table(results: Sequence[StudentResult], *, late: Mapping[str, Late] | None = None,
-                  unsafe: bool = False) -> str:
-    """One line per student (student, score, max, late, lost cells or reason), the totals, then each student that
-    needs attention (not graded, graded with an error, or with a submission time that could not be read) and why."""
+                  unsafe: bool = False, details: str = "") -> str:
+    """One line per student (student, final score, raw score, max, late, lost cells or reason), the totals, then
+    each student that needs attention (not graded, graded with an error, or with a submission time that could not
+    be read) and why; every line fits ``WIDTH`` columns, and a list cut to fit says that ``details`` (the CSV) has
+    it whole."""
     late = late or {}
-    rows = [("student", "score", "max", "late", "lost points in / not graded because")]
-    rows += [(_shown(r.student), f"{r.score:g}", f"{r.max_score:g}",
-              late[r.student].describe() if r.student in late else "", _lost(r)) for r in results]
-    widths = [max(len(row[i]) for row in rows) for i in range(4)]
-    lines = ["  ".join(row[i].ljust(widths[i]) for i in range(4)) + "  " + row[4] for row in rows]
-    lines = [line.rstrip() for line in lines]
-    lines.insert(1, "-" * len(lines[0]))
+    rows = [("student", "final", "raw", "max", "late", "lost points in / not graded because")]
+    rows += [(_shown(r.student), f"{_final(r, late):g}" if r.notebooks else "-", f"{r.score:g}" if r.notebooks else "-",
+              f"{r.max_score:g}", late[r.student].describe() if r.student in late else "", _lost(r))
+             for r in results]
+    rows = [(_cut(row[0], STUDENT_CHARS), *row[1:]) for row in rows]
+    widths = [max(len(row[i]) for row in rows) for i in range(5)]
+    lines = ["  ".join(row[i].ljust(widths[i]) for i in range(5)) + "  " + row[5] for row in rows]
+    cut = any(len(line.rstrip()) > WIDTH for line in lines)
+    lines = [_cut(line.rstrip(), WIDTH) for line in lines]
+    lines.insert(1, "-" * min(max(len(line) for line in lines), WIDTH))
     graded = [r for r in results if r.notebooks]
     n_late = sum(1 for r in graded if r.student in late and late[r.student].hours_late > 0)
-    mean = sum(r.score - (late[r.student].penalty if r.student in late else 0) for r in graded) / max(len(graded), 1)
+    mean = sum(_final(r, late) for r in graded) / max(len(graded), 1)
     top = max((r.max_score for r in results), default=0)
     lines.append(f"{len(results)} submissions: {len(graded)} graded, {len(results) - len(graded)} not graded, "
                  f"{n_late} late; mean final score of the graded {mean:.2f} / {top:g}")
     attention = [(r.student, why) for r in results if (why := _attention(r, late.get(r.student)))]
-    lines += ["needs attention:", *(f"  {s!r}: {why}" for s, why in attention)] if attention else []
+    lines += ["needs attention:", *(_cut(f"  {s!r}: {why}", WIDTH) for s, why in attention)] if attention else []
+    cut = cut or any(len(f"  {s!r}: {why}") > WIDTH for s, why in attention)
+    if cut:
+        lines.append(f"lines cut to {WIDTH} columns: every cell and message is in {details or 'the grades CSV'}")
     if unsafe:
         lines.append("WARNING: graded with --unsafe-no-sandbox: student code ran unconfined, as this user")
     return "\n".join(lines)

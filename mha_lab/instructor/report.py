@@ -56,6 +56,7 @@ class ClassData:
     submitted: list[str]
     scores: dict[str, dict[str, float]] = field(default_factory=dict)  # graded students only
     late: dict[str, float] = field(default_factory=dict)  # student -> hours late (late ones only)
+    penalty: dict[str, float] = field(default_factory=dict)  # student -> points the late penalty took
     messages: dict[str, dict[str, str]] = field(default_factory=dict)  # student -> grade_id -> hidden-check message
     code: dict[str, str] = field(default_factory=dict)  # student -> every answer cell and cell of their own, joined
     given: list[str] = field(default_factory=list)  # the release's code: given cells, tests, answer stubs
@@ -63,6 +64,11 @@ class ClassData:
     @property
     def totals(self) -> dict[str, float]:
         return {s: sum(row.values()) for s, row in self.scores.items()}
+
+    @property
+    def finals(self) -> dict[str, float]:
+        """student -> final score: the total after the late penalty, as the gradebook and the exports have it."""
+        return {s: total - self.penalty.get(s, 0.0) for s, total in self.totals.items()}
 
     @property
     def max_score(self) -> float:
@@ -132,6 +138,7 @@ def read_class(root: Path, assignment: str) -> ClassData:
                               if g.cell_type == "code"}
             if sub.timestamp and sub.duedate and sub.total_seconds_late > 0:
                 data.late[s] = sub.total_seconds_late / 3600
+            data.penalty[s] = float(sub.late_submission_penalty or 0.0)
     owner: dict[str, str] = {}  # tests cell -> task, from the cells' order in the notebooks
     for s in data.scores:
         for path in sorted((root / "autograded" / s / assignment).glob("*.ipynb")):
@@ -164,22 +171,30 @@ def _phrase(line: str) -> str:
     return text.rsplit("Likely bug: ", 1)[-1].strip().rstrip(".")
 
 
+def _label(ids: list[str]) -> str:
+    """A failure line's bug: its one id, or "one of: a, b" when it names several it cannot tell apart."""
+    return ids[0] if len(set(ids)) == 1 else "one of: " + ", ".join(sorted(set(ids)))
+
+
 def misconceptions(data: ClassData) -> list[dict]:
     """Groups of students whose failing checks of one task name the same bugs, largest first:
-    ``{"task", "bugs", "says", "students"}`` (``says``: bug id -> what the first message said of it)."""
+    ``{"task", "bugs", "says", "students"}`` (``says``: bug -> what the first message said of it). A line that
+    names several bugs it cannot tell apart counts as "one of: ...", unless another line of the task names one
+    of them alone."""
     task_of = {c.grade_id: c.task for c in data.cells}
     groups: dict[tuple[str, tuple[str, ...]], set[str]] = defaultdict(set)
     says: dict[tuple[str, str], str] = {}
     for s, messages in data.messages.items():
-        named: dict[str, set[str]] = defaultdict(set)
+        lines: dict[str, list[tuple[str, list[str]]]] = defaultdict(list)
         for grade_id, message in messages.items():
-            for line in message.splitlines()[1:]:
-                ids = checks.bug_ids(line) or ["unlabelled"]
-                named[task_of.get(grade_id, "")].update(ids)
-                for bug in ids:
-                    says.setdefault((task_of.get(grade_id, ""), bug), _phrase(line))
-        for task, ids in named.items():
-            groups[task, tuple(sorted(ids))].add(s)
+            lines[task_of.get(grade_id, "")] += [(line, checks.bug_ids(line) or ["unlabelled"])
+                                                 for line in message.splitlines()[1:]]
+        for task, found in lines.items():
+            alone = {ids[0] for _, ids in found if len(set(ids)) == 1}
+            named = {_label(ids) for _, ids in found if len(set(ids)) == 1 or not alone & set(ids)}
+            for line, ids in found:
+                says.setdefault((task, _label(ids)), _phrase(line))
+            groups[task, tuple(sorted(named))].add(s)
     ordered = sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))
     return [{"task": t, "bugs": list(ids), "says": {b: says[t, b] for b in ids}, "students": sorted(who)}
             for (t, ids), who in ordered]
@@ -200,9 +215,9 @@ def _histogram_svg(data: ClassData) -> str:
 
     fig, ax = plt.subplots(figsize=(6.4, 3.2))
     top = data.max_score or 1.0
-    ax.hist(list(data.totals.values()), bins=np.linspace(0, top, min(max(int(top), 1), 20) + 1), color="#3b6ea5",
+    ax.hist(list(data.finals.values()), bins=np.linspace(0, top, min(max(int(top), 1), 20) + 1), color="#3b6ea5",
             edgecolor="white")
-    ax.set_xlabel(f"score (points out of {top:g})", fontsize=11)
+    ax.set_xlabel(f"final score (points out of {top:g}, after late penalties)", fontsize=11)
     ax.set_ylabel("students", fontsize=11)
     ax.set_xlim(0, top)
     ax.yaxis.get_major_locator().set_params(integer=True)
@@ -251,16 +266,24 @@ def _table_rows(stats: Sequence[dict]) -> list[tuple[str, ...]]:
             for r in stats]
 
 
+def _late_rows(data: ClassData) -> list[tuple[str, ...]]:
+    """Per late student: hours late, raw score, penalty, final score."""
+    return [(s, f"{h:.1f}", f"{data.totals.get(s, 0.0):g}", f"-{data.penalty.get(s, 0.0):g}",
+             f"{data.finals.get(s, 0.0):g}") for s, h in sorted(data.late.items())]
+
+
 def _group_label(g: Mapping) -> str:
     return " + ".join(g["bugs"])
 
 
 def _markdown(data: ClassData, counts: dict, stats: list, groups: list, flagged: list) -> str:
-    totals = list(data.totals.values())
+    finals, totals = list(data.finals.values()), list(data.totals.values())
     lines = [f"# Class report: {data.assignment}", "",
-             ", ".join(f"{k}: {v}" for k, v in counts.items()) + (f"; mean score {np.mean(totals):.2f} of "
-                                                                    f"{data.max_score:g}" if totals else ""), "",
-             f"![Figure 1. Scores of the {len(data.scores)} graded students (points out of {data.max_score:g}).]"
+             ", ".join(f"{k}: {v}" for k, v in counts.items()) + (f"; mean final score {np.mean(finals):.2f} of "
+                                                                    f"{data.max_score:g} (raw {np.mean(totals):.2f})"
+                                                                    if totals else ""), "",
+             f"![Figure 1. Final scores of the {len(data.scores)} graded students (points out of "
+             f"{data.max_score:g}, after late penalties).]"
              "(scores.svg)", "", "## Tests cells", "", "| cell | task | points | pass rate | discrimination |",
              "|---|---|---|---|---|"]
     lines += ["| " + " | ".join(row) + " |" for row in _table_rows(stats)]
@@ -272,8 +295,9 @@ def _markdown(data: ClassData, counts: dict, stats: list, groups: list, flagged:
               "| student a | student b | similarity |", "|---|---|---|"]
     lines += [f"| {p.student_a} | {p.student_b} | {p.similarity:.2f} |" for p in flagged] or ["| none | | |"]
     if data.late:
-        lines += ["", "## Late", "", "| student | hours late |", "|---|---|"]
-        lines += [f"| {s} | {h:.1f} |" for s, h in sorted(data.late.items())]
+        lines += ["", "## Late", "", "| student | hours late | raw score | penalty | final score |",
+                  "|---|---|---|---|---|"]
+        lines += ["| " + " | ".join(row) + " |" for row in _late_rows(data)]
     return "\n".join(lines) + "\n"
 
 
@@ -295,8 +319,8 @@ def _html(data: ClassData, counts: dict, stats: list, groups: list, flagged: lis
     parts = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>Class report: {e(data.assignment)}"
              f"</title><style>{CSS}</style></head><body><h1>Class report: {e(data.assignment)}</h1>",
              _html_table(list(counts), [[str(v) for v in counts.values()]]),
-             f"<figure id='histogram'>{svg}<figcaption>Figure 1. Scores of the {len(data.scores)} graded students "
-             f"(points out of {data.max_score:g}).</figcaption></figure>",
+             f"<figure id='histogram'>{svg}<figcaption>Figure 1. Final scores of the {len(data.scores)} graded "
+             f"students (points out of {data.max_score:g}, after late penalties).</figcaption></figure>",
              "<h2>Tests cells</h2>",
              _html_table(["cell", "task", "points", "pass rate", "discrimination"], _table_rows(stats)),
              "<h2>Misconceptions</h2>",
@@ -317,8 +341,8 @@ def _html(data: ClassData, counts: dict, stats: list, groups: list, flagged: lis
         parts.append(f"<h3>{e(p.student_a)} and {e(p.student_b)}: {p.similarity:.2f}</h3><div class='pair'>"
                      f"<pre>{_marked(p.code_a, p.spans_a)}</pre><pre>{_marked(p.code_b, p.spans_b)}</pre></div>")
     if data.late:
-        parts += ["<h2>Late</h2>", _html_table(["student", "hours late"],
-                                               [[s, f"{h:.1f}"] for s, h in sorted(data.late.items())])]
+        parts += ["<h2>Late</h2>", _html_table(["student", "hours late", "raw score", "penalty", "final score"],
+                                               _late_rows(data))]
     return "".join(parts) + "</body></html>\n"
 
 

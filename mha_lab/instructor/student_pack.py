@@ -1,6 +1,7 @@
 """The students' download: the releases, what they need installed, and how to start; nothing else.
 
-``python -m mha_lab student-pack`` (``make student-pack``) writes ``_build/student/mha_lab_student.zip``:
+``python -m mha_lab student-pack`` (``make student-pack``) writes ``_build/student/mha_lab_student.zip`` of the
+course it runs in (a course folder, or the project):
 
 - ``assignments/<name>/``: the release notebooks (stubs, visible tests) and the ``expected.npz``
   their visible tests compare with;
@@ -68,12 +69,16 @@ def build(out: Path, repo: Path = REPO) -> Path:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    here = Path.cwd()
     parser = argparse.ArgumentParser(prog="python -m mha_lab student-pack", description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=REPO / "_build" / "student" / "mha_lab_student.zip",
-                        help="where to write the zip (default: %(default)s)")
+    parser.add_argument("--course", type=Path, default=here if (here / "nbgrader_config.py").is_file() else REPO,
+                        help="the course whose releases (assignments/) go in (default: here if it is a course, "
+                        "else the project)")
+    parser.add_argument("--out", type=Path, help="where to write the zip (default: "
+                        "<course>/_build/student/mha_lab_student.zip)")
     args = parser.parse_args(argv)
     try:
-        out = build(args.out)
+        out = build(args.out or args.course / "_build" / "student" / "mha_lab_student.zip", args.course)
     except ValueError as err:
         print(f"student-pack: {err}", file=sys.stderr)
         return 1

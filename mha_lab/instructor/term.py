@@ -4,7 +4,8 @@
   (``2026-11-23 17:02:11.123456 UTC``), read with nbgrader's own parser; no file, no time (as nbgrader).
   A file that is there but cannot be read as a time (a folder, a link, garbage) never counts as on time:
   the time the notebook arrived (its file time, as collected) stands for it, and the summary flags it.
-- The due date is the gradebook's: ``nbgrader db assignment add <a> --duedate "2026-11-23 17:00:00 UTC"``.
+- The due date is the gradebook's: ``python -m mha_lab due <a> "2026-11-23 17:00:00 UTC"`` (``set_due``) sets or
+  moves it, as ``nbgrader db assignment add <a> --duedate ...`` does.
 - ``extensions.csv`` at the course root (``student,assignment,due``, the due date in the same format)
   moves one student's due date. It lands in the gradebook as nbgrader's ``extension``, so the
   lateness nbgrader computes (``total_seconds_late``) and ``nbgrader export`` follow it.
@@ -16,16 +17,19 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import csv
 import math
 import os
 import stat
-from collections.abc import Iterable
+import sys
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+import nbformat
 from nbgrader.plugins import BasePlugin, LateSubmissionPlugin
 from traitlets import Float
 from traitlets.config.loader import PyFileConfigLoader
@@ -33,8 +37,8 @@ from traitlets.utils.importstring import import_item
 
 from mha_lab.grading import course as courses
 
-__all__ = ["EXTENSIONS", "Late", "PerDayPenalty", "read_timestamp", "arrival", "read_extensions", "late_plugin",
-           "check", "apply"]
+__all__ = ["EXTENSIONS", "NOTE_KEY", "Late", "PerDayPenalty", "read_timestamp", "arrival", "read_extensions",
+           "describe_policy", "late_line", "late_plugin", "set_due", "check", "apply", "main"]
 
 EXTENSIONS = "extensions.csv"
 DAY = 86400.0
@@ -145,6 +149,32 @@ def read_extensions(course: Path) -> dict[tuple[str, str], datetime]:
     return found
 
 
+def describe_policy(plugin: BasePlugin) -> str:
+    """The late policy in words, for the feedback: '10% per started day, capped at 50%'."""
+    if isinstance(plugin, PerDayPenalty):
+        return f"{plugin.per_day:.0%} per started day, capped at {plugin.cap:.0%}"
+    if type(plugin) is LateSubmissionPlugin:  # nbgrader's own, not a subclass with a rule of its own
+        return {"zero": "late work scores 0", "none": "no penalty"}.get(plugin.penalty_method, plugin.penalty_method)
+    return f"the course's late policy ({type(plugin).__name__})"
+
+
+NOTE_KEY = "mha_lab_late"  # in an autograded notebook's metadata: the feedback's late line
+
+
+def late_line(late: Late, policy: str) -> str:
+    """'24.0 h late, 10% per started day, capped at 50%' ('' when on time): how late, and the rule."""
+    return f"{late.hours_late:.1f} h late, {policy}" if late.seconds_late > 0 else ""
+
+
+def _note_lateness(course: Path, assignment: str, student: str, line: str) -> None:
+    """Put the late line into the student's autograded notebooks, where the feedback page reads it."""
+    for path in sorted((Path(course) / "autograded" / student / assignment).glob("*.ipynb")):
+        nb = nbformat.read(path, as_version=4)
+        if nb.metadata.get(NOTE_KEY, "") != line:
+            nb.metadata[NOTE_KEY] = line
+            nbformat.write(nb, path)
+
+
 def late_plugin(course: Path) -> BasePlugin:
     """The late-penalty plugin nbgrader_config.py configures (nbgrader's ``LateSubmissionPlugin`` by default)."""
     config = PyFileConfigLoader("nbgrader_config.py", path=str(course)).load_config()
@@ -153,6 +183,29 @@ def late_plugin(course: Path) -> BasePlugin:
     if not (isinstance(cls, type) and issubclass(cls, BasePlugin)):
         raise ValueError(f"AssignLatePenalties.plugin_class {cls!r} is not an nbgrader plugin class")
     return cls(config=config)
+
+
+def set_due(course: Path, assignment: str, due: str) -> tuple[datetime, datetime | None]:
+    """Set or move the assignment's due date in the gradebook (made when missing); returns (new, old) in UTC.
+
+    ``due`` as nbgrader reads it (``2026-11-23 17:00:00 UTC``); ValueError when it is not a date or the course has
+    no source of that assignment."""
+    from nbgrader.api import MissingEntry
+    from nbgrader.utils import parse_utc
+
+    if not (Path(course) / "solutions" / assignment).is_dir():
+        raise ValueError(f"no assignment {assignment!r} in {Path(course) / 'solutions'}")
+    try:
+        when = parse_utc(due)
+    except (ValueError, OverflowError):
+        raise ValueError(f"{due!r} is not a date such as '2026-11-23 17:00:00 UTC'") from None
+    with courses.gradebook(course) as gb:
+        try:
+            old = gb.find_assignment(assignment).duedate
+        except MissingEntry:
+            old = None
+        gb.update_or_create_assignment(assignment, duedate=when)
+    return when, old
 
 
 def check(course: Path, assignments: Iterable[str]) -> None:
@@ -168,7 +221,7 @@ def check(course: Path, assignments: Iterable[str]) -> None:
                 due = gb.find_assignment(assignment).duedate
         if due is None:
             raise ValueError(f"{EXTENSIONS} extends {assignment}, which has no due date in the gradebook: set it "
-                             f"first with nbgrader db assignment add {assignment} --duedate '2026-11-23 17:00:00 UTC'")
+                             f"first: python -m mha_lab due {assignment} '2026-11-23 17:00:00 UTC'")
 
 
 def apply(course: Path, assignment: str, students: Iterable[str]) -> dict[str, Late]:
@@ -210,4 +263,30 @@ def apply(course: Path, assignment: str, students: Iterable[str]) -> dict[str, L
             found[student] = Late(submission.timestamp, submission.duedate, late, penalty, extended is not None,
                                   problem)
         gb.db.commit()
+    policy = describe_policy(plugin)
+    for student, late in found.items():
+        _note_lateness(course, assignment, student, late_line(late, policy))
     return found
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m mha_lab due <assignment> DATE [--course DIR]``: set or move a due date."""
+    parser = argparse.ArgumentParser(prog="python -m mha_lab due", description="Set or move an assignment's due "
+                                     "date in the course's gradebook (late penalties count from it).")
+    parser.add_argument("assignment", help="e.g. ps2_mqa")
+    parser.add_argument("due", help="the due date in UTC, e.g. '2026-12-01 17:00:00 UTC'")
+    parser.add_argument("--course", type=Path, default=Path.cwd(), help="course root (default: here)")
+    args = parser.parse_args(argv)
+    if not (args.course / "nbgrader_config.py").is_file():
+        parser.error(f"{args.course.resolve()} is not a course folder (no nbgrader_config.py); pass --course DIR")
+    try:
+        when, old = set_due(args.course, args.assignment, args.due)
+    except ValueError as exc:
+        parser.exit(1, f"due: {exc}\n")
+    moved = f" (was {old:%Y-%m-%d %H:%M:%S} UTC)" if old is not None and old != when else ""
+    print(f"{args.assignment} is due {when:%Y-%m-%d %H:%M:%S} UTC{moved}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -4,7 +4,13 @@ Each check: (1) make seeded inputs on shapes the notebook's visible tests do not
 (2) call the student's function, (3) judge it against mha_lab's reference.
 The loop is judged with mha_lab's attention in place of the student's ``attention``, so a bug
 in task 2 is not charged again in task 3.
+
+Bugs the checks name, and the tasks they can occur in: the scale of the scores in every function that computes
+them (attention: 1/d_k or none, named by its mask checks too; the loop: its queries rescaled so that the scores
+come out divided by sqrt(d_model), "as the paper does"); the mask's sign wherever a mask is applied.
 """
+
+import copy
 
 import numpy as np
 
@@ -25,6 +31,8 @@ SCALE_HINT = ("scale the scores by 1/sqrt(d_k), with d_k = Q.shape[-1] (not 1/d_
               " [bug: scale-not-sqrt-d-k]")
 MASK_HINT = ("the additive mask is 0 where attention is allowed and -inf where it is not: add it to the "
              "scores before the softmax. Is the mask inverted? [bug: mask-inverted]")
+LOOP_SCALE_HINT = ("the scores come out divided by sqrt(d_model): attention already divides them by sqrt(d_k), the "
+                   "head size, so head i's query is X @ W_Q[:, i*d_k:(i+1)*d_k], not rescaled [bug: scale-d-model]")
 STABILITY_HINT = "softmax without subtracting the row maximum overflows: exp(1000) is inf [bug: softmax-overflow]"
 
 
@@ -94,12 +102,24 @@ def _qkv(salt: int, B: int = 3, L_q: int = 5, L_k: int = 7, d_k: int = 6, d_v: i
             rng.normal(size=(B, L_k, d_v)))
 
 
+def _scale_hint(weights, Q, K, V, mask, other: str) -> str:
+    """SCALE_HINT when ``weights`` are those of scores scaled by 1/d_k or not at all, else ``other`` (a mask
+    check's hint: a wrong scale fails it too, and the mask is not to blame)."""
+    d_k = Q.shape[-1]
+    for q_scale in (1 / np.sqrt(d_k), np.sqrt(d_k)):  # scores / d_k, scores unscaled
+        wrong = scaled_dot_product_attention(Q * q_scale, K, V, mask)[1]
+        if np.shape(weights) == wrong.shape and np.allclose(weights, wrong, rtol=1e-8, atol=1e-10):
+            return SCALE_HINT
+    return other
+
+
 def _judge_attention(result, Q, K, V, mask, what: str, hint: str) -> None:
     expected_out, expected_w = scaled_dot_product_attention(Q, K, V, mask)
     checks.expect_true(isinstance(result, tuple) and len(result) == 2,
                        what=f"{what}: expected a tuple (output, weights), got {type(result).__name__}",
                        hint="return output, weights [bug: return-output-weights]")
     out, weights = result
+    hint = _scale_hint(weights, Q, K, V, mask, hint)
     checks.expect_array(weights, what=f"{what}: weights", shape=expected_w.shape, hint=hint)
     checks.expect_array(out, what=f"{what}: output", shape=expected_out.shape, hint=hint)
     checks.expect_close(weights, expected_w, what=f"{what}: weights", hint=hint)
@@ -166,6 +186,19 @@ def _loop_output(result, what: str):
     return result
 
 
+def _loop_hint(got, layer, X, mask, other: str, weights: bool = False) -> str:
+    """LOOP_SCALE_HINT when ``got`` (the output, or the list of head weights) is what a loop whose scores are
+    divided by sqrt(d_model) gives, else ``other``."""
+    wrong = copy.copy(layer)
+    wrong.W_Q = layer.W_Q * np.sqrt(layer.d_k / layer.d_model)  # then attention's 1/sqrt(d_k) gives 1/sqrt(d_model)
+    candidate = wrong.forward(X, mask=mask)
+    candidates = wrong.head_attention_weights if weights else [candidate]
+    pieces = list(got) if weights and hasattr(got, "__len__") else [got]
+    same = len(pieces) == len(candidates) and all(np.shape(a) == b.shape and np.allclose(a, b, rtol=1e-8, atol=1e-10)
+                                                  for a, b in zip(pieces, candidates, strict=True))
+    return LOOP_SCALE_HINT if same else other
+
+
 def test_mha_loop_shape(student):
     layer, X, args = _layer_inputs(9)
 
@@ -184,8 +217,9 @@ def test_mha_loop_values(student):
     out, _ = _loop_output(result, "mha_forward_loop")
     checks.expect_array(out, what="mha_forward_loop output", shape=expected.shape)
     checks.expect_close(out, expected, what="mha_forward_loop output vs the fused layer",
-                        hint="head i uses columns i*d_k:(i+1)*d_k of W_Q, W_K, W_V and rows i*d_k:(i+1)*d_k "
-                             "of W_O, and the heads' contributions are added [bug: head-slices]")
+                        hint=_loop_hint(out, layer, X, None,
+                                        "head i uses columns i*d_k:(i+1)*d_k of W_Q, W_K, W_V and rows i*d_k:(i+1)*d_k "
+                                        "of W_O, and the heads' contributions are added [bug: head-slices]"))
 
 
 def test_mha_loop_mask(student):
@@ -198,7 +232,8 @@ def test_mha_loop_mask(student):
     out, _ = _loop_output(result, "mha_forward_loop with a causal mask")
     checks.expect_array(out, what="mha_forward_loop output with a causal mask", shape=expected.shape)
     checks.expect_close(out, expected, what="mha_forward_loop with a causal mask vs the fused layer",
-                        hint="pass the mask to every head's attention, and slice W_O by rows [bug: mask-per-head]")
+                        hint=_loop_hint(out, layer, X, causal, "pass the mask to every head's attention, and slice "
+                                        "W_O by rows [bug: mask-per-head]"))
 
 
 def test_mha_loop_weights(student):
@@ -217,5 +252,6 @@ def test_mha_loop_weights(student):
                             "another axis [bug: head-weights-list]")
     for i, (w, ref) in enumerate(zip(weights, expected, strict=True)):
         checks.expect_array(w, what=f"head_weights[{i}] (a list of h arrays of shape (B, L, L))", shape=ref.shape)
-        checks.expect_close(w, ref, what=f"head_weights[{i}]", hint="head i's weights come from head i's slices"
-                                                                    " [bug: head-weights-slices]")
+        checks.expect_close(w, ref, what=f"head_weights[{i}]", hint=_loop_hint(
+            weights, layer, X, None, "head i's weights come from head i's slices [bug: head-weights-slices]",
+            weights=True))

@@ -3,6 +3,10 @@ decoding one token against the KV cache.
 
 Each check: (1) make seeded inputs on shapes the notebook's visible tests do not use,
 (2) call the student's function, (3) judge it against mha_lab's reference.
+
+Bugs the checks name, and the tasks they can occur in: np.tile for np.repeat wherever key/value heads are expanded
+for the query heads (gqa_forward, decode_step; with one key/value head, as in mqa_forward, the two agree); the scale
+1/sqrt(d_model) wherever scores are computed (mqa_forward, gqa_forward, decode_step).
 """
 
 import copy
@@ -99,15 +103,17 @@ def test_mqa_forward_mask(student):
                         hint=_scale_hint(out, layer, X, causal, _mask_hint(student, layer, X, args)))
 
 
-def _mask_hint(student, layer, X, args) -> str:
-    """MASK_HINT only when the output without a mask is right: otherwise the mask may well be fine."""
+def _mask_hint(student, layer, X, args, name: str = "mqa_forward", wrong: str = "") -> str:
+    """MASK_HINT only when the output of ``name`` without a mask is right: otherwise the mask may well be fine
+    (``wrong``, or a pointer to the values check, says what to fix instead)."""
     try:
-        plain = checks.call(student, "mqa_forward", *args)
+        plain = checks.call(student, name, *args)
     except AssertionError:
         plain = None
     if np.shape(plain) == X.shape and np.allclose(plain, layer.forward(X), rtol=1e-8, atol=1e-10):
         return MASK_HINT
-    return "the output without a mask is wrong too, so the mask may be fine: fix what mqa_forward_values reports first"
+    return wrong or ("the output without a mask is wrong too, so the mask may be fine: fix what "
+                     f"{name}_values reports first")
 
 
 # --- task 2: gqa_forward ------------------------------------------------------------------------
@@ -133,7 +139,8 @@ def test_gqa_forward_values__causal(student):
 
     checks.expect_array(out, what="gqa_forward output with a causal mask", shape=expected.shape, hint=MASK_HINT)
     checks.expect_close(out, expected, what="gqa_forward (h=4, num_kv_heads=2, causal) vs the reference",
-                        hint=_group_hint(out, layer, X, causal, f"{GROUP_HINT}. Or: {MASK_HINT}"))
+                        hint=_group_hint(out, layer, X, causal, _mask_hint(student, layer, X, (*args, 2), "gqa_forward",
+                                                                           f"{GROUP_HINT}. Or: {LAYOUT_HINT}")))
 
 
 def test_gqa_forward_limits(student):
@@ -212,11 +219,26 @@ def _kv(layer, X) -> tuple[np.ndarray, np.ndarray]:
     return split_heads(X @ layer.W_K, g), split_heads(X @ layer.W_V, g)
 
 
-def _attend(layer, x, K, V) -> np.ndarray:
-    """The output of the one token x (B, 1, d_model) attending over K, V (B, g, S, d_k), unmasked."""
-    q = split_heads(x @ layer.W_Q, layer.num_heads)  # (B, h, 1, d_k)
-    Z, _ = scaled_dot_product_attention(q, repeat_kv(K, layer.n_rep), repeat_kv(V, layer.n_rep))
+def _tile(K: np.ndarray, n_rep: int) -> np.ndarray:
+    """The stack of g heads repeated whole (np.tile): query head i meets key/value head i % g."""
+    return np.tile(K, (1, n_rep, 1, 1))  # (B, g, S, d_k) -> (B, g * n_rep, S, d_k)
+
+
+def _attend(layer, x, K, V, expand=repeat_kv, q_scale: float = 1.0) -> np.ndarray:
+    """The output of the one token x (B, 1, d_model) attending over K, V (B, g, S, d_k), unmasked; ``expand``
+    and ``q_scale`` give the answers of two bugs (np.tile, the scale 1/sqrt(d_model))."""
+    q = split_heads(x @ layer.W_Q, layer.num_heads) * q_scale  # (B, h, 1, d_k)
+    Z, _ = scaled_dot_product_attention(q, expand(K, layer.n_rep), expand(V, layer.n_rep))
     return merge_heads(Z) @ layer.W_O  # (B, h, 1, d_k) -> (B, 1, d_model)
+
+
+def _head_bug(layer, same) -> str | None:
+    """GROUP_HINT or SCALE_HINT when ``same(attend)`` holds for the attention that bug gives, else None."""
+    if layer.n_rep > 1 and layer.num_kv_heads > 1 and same(lambda x, K, V: _attend(layer, x, K, V, expand=_tile)):
+        return GROUP_HINT
+    if same(lambda x, K, V: _attend(layer, x, K, V, q_scale=np.sqrt(layer.d_k / layer.d_model))):
+        return SCALE_HINT
+    return None
 
 
 def _weights(layer, h: int, g: int) -> tuple:
@@ -291,6 +313,9 @@ def _decode_hint(layer, X, T, out, cache_k, cache_v) -> str:
         return POSITION + " (your new token saw only token 0: the FIRST row of the mask) [bug: first-row-of-mask]"
     if same(_attend(layer, x, K, np.concatenate([cache_v, new_k], axis=2))):
         return CACHE_V_HINT
+    named = _head_bug(layer, lambda attend: same(attend(x, K, V)))
+    if named:
+        return named
     return (f"{POSITION}. Also: q, k, v = x @ W split into h, g, g heads; repeat each cached key/value head "
             f"h/g times in place (np.repeat on axis 1); scale by 1/sqrt(d_k) [bug: decode-projection]")
 
@@ -333,9 +358,15 @@ def _check_sequence(student, salt, B, prompt, L, d_model, h, g):
         outs.append(out)  # the caches' layout is decode_step_cache's to judge: one bug, one penalty
     # 3. judge
     got = np.concatenate(outs, axis=1)  # (B, L - prompt, d_model)
+    def same(attend) -> bool:  # the outputs a step that attends so gives, over the right caches
+        steps = [attend(X[:, t:t + 1], *_kv(layer, X[:, :t + 1])) for t in range(prompt, L)]
+        return got.shape == expected[:, prompt:].shape and bool(
+            np.allclose(got, np.concatenate(steps, axis=1), rtol=1e-8, atol=1e-10))
+
     checks.expect_close(got, expected[:, prompt:], what=f"{what} vs the causal forward of the whole sequence",
-                        hint="the caches you return are what the next step receives: return them with the new "
-                             f"token's key and value appended, g = {g} heads each. {POSITION} [bug: sequence-caches]")
+                        hint=_head_bug(layer, same) or (
+                            "the caches you return are what the next step receives: return them with the new "
+                            f"token's key and value appended, g = {g} heads each. {POSITION} [bug: sequence-caches]"))
 
 
 def test_decode_step_sequence__gqa_prompt_7(student):

@@ -21,7 +21,8 @@ class Mutant:
 
     ``old`` must occur exactly once in that cell. ``breaks``: the grade_ids of the tests cells
     that must lose points (every other tests cell keeps full points). ``feedback``: a substring
-    the student's feedback must contain (the name of the bug).
+    the student's feedback must contain (the name of the bug). ``bug``: the id the class report must
+    group it under, and nothing else (a misconception named in every task it can occur in).
     """
 
     name: str
@@ -30,6 +31,7 @@ class Mutant:
     new: str
     breaks: frozenset[str]
     feedback: str
+    bug: str = ""
 
     def __post_init__(self) -> None:
         if self.old == self.new:

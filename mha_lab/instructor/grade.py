@@ -1,9 +1,10 @@
-"""``python -m mha_lab.grading [assignment] --course DIR --jobs N ...`` (``make grade A=...``).
+"""``python -m mha_lab grade [assignment] --course DIR --jobs N ...`` (``make grade A=...``): a class graded, then
+the term's bookkeeping around it.
 
-Grades every submission of the assignment (of every assignment with submissions when none is
-named), each in its own sandbox, and writes the gradebook, feedback, ``grades_<a>.csv`` and the class
-report ``reports/<a>/`` (``mha_lab.instructor.report``); then records submission times, extensions and
-late penalties (``mha_lab.instructor.term``).
+The engine (``mha_lab.grading.batch``) grades every submission of the assignment (of every assignment with
+submissions when none is named), each in its own sandbox, and writes the gradebook and feedback; between the two
+this command records submission times, extensions and late penalties (``term``), then prints the summary, writes
+``grades_<a>.csv`` (``gradesheet``) and the class report ``reports/<a>/`` (``report``).
 Exit status 0 when grading ran (whatever the students scored); 1 when it could not.
 """
 
@@ -20,7 +21,7 @@ from mha_lab.instructor.report import build as build_report
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mha_lab.grading", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m mha_lab grade", description=__doc__.splitlines()[0])
     parser.add_argument("assignment", nargs="?", help="e.g. ps1_per_head_loop (default: all with submissions)")
     parser.add_argument("--course", type=Path, default=Path.cwd(), help="course root (default: here)")
     parser.add_argument("--jobs", type=int, default=2, help="submissions graded at once (local Dask workers)")
@@ -57,14 +58,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             results = batch.grade_class(root, a, students=args.student, client=client, limits=limits,
                                         before_feedback=lambda who, a=a, late=late:
                                         late.update(term.apply(root, a, who)))
-            print(gradesheet.summary_table(results, late=late, unsafe=limits.unsafe))
             out = root / f"grades_{a}.csv"
+            print(gradesheet.summary_table(results, late=late, unsafe=limits.unsafe, details=out.name))
             gradesheet.write_csv(results, out, everyone=course.students(root), late=late)
             try:  # the grades are written: a report that cannot be made costs only itself
-                written = f"class report in {build_report(root, a)}"
+                written = f"the class report {build_report(root, a).relative_to(root)}/index.html"
             except Exception as exc:  # noqa: BLE001 - its reason is printed; make report A=... retries it
                 written = f"no class report ({type(exc).__name__}: {exc})"
-            print(f"\nwrote {out}; gradebook {root / 'gradebook.db'}, feedback in {root / 'feedback'}, {written}\n")
+            print(f"\nwrote in {root}:\n  {out.name} (every score and message), gradebook.db, feedback/, "
+                  f"autograded/\n  {written}\n")
     return 0
 
 
