@@ -2,10 +2,10 @@
 
 ``course`` (folder, gradebook), ``sandbox`` (bubblewrap), ``worker`` (the standalone file that runs in it),
 ``remote`` (the grader's side of it), ``judge`` and ``checks`` (the hidden checks), ``batch`` (a submission,
-or a class on Dask), ``templates/mha_feedback`` (the feedback page), ``safe_html`` (its sanitiser of what students wrote)
-and ``transport`` (submissions as bytes). The term around grading (the grade
-sheet, late work, exports, the class report, the releases' stubs) is ``mha_lab.instructor``, which calls this
-engine (``python -m mha_lab grade <assignment>``, ``make grade A=...``); nothing here imports it.
+or a class on Dask), ``transport`` (submissions as bytes), ``templates/mha_feedback`` (the feedback page) and
+``safe_html`` (its sanitiser of what students wrote). The term around grading (the grade sheet, late work,
+exports, the class report, the releases' stubs) is ``mha_lab.instructor``, which calls this engine
+(``python -m mha_lab grade <assignment>``, ``make grade A=...``); nothing here imports it.
 """
 
 from mha_lab.grading.judge import run_hidden_checks
