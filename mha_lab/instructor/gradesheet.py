@@ -19,7 +19,7 @@ from mha_lab.instructor.term import Late
 __all__ = ["FIELDS", "summary_table", "write_csv"]
 
 FIELDS = ["student", "status", "score", "max_score", "timestamp", "hours_late", "penalty", "final_score", "error",
-          "note", "failed", "queue_s", "run_s", "judge_s"]
+          "note", "failed", "memory", "queue_s", "run_s", "judge_s"]
 REASON_CHARS = 90  # of a reason in the summary; the whole message is in the CSV
 
 
@@ -64,6 +64,8 @@ def summary_table(results: Sequence[StudentResult], *, late: Mapping[str, Late] 
     top = max((r.max_score for r in results), default=0)
     lines.append(f"{len(results)} submissions: {len(graded)} graded, {len(results) - len(graded)} not graded, "
                  f"{n_late} late; mean final score of the graded {mean:.2f} / {top:g}")
+    modes = sorted({r.memory for r in graded if r.memory})
+    lines.append(f"memory measured by: {'; '.join(modes) or 'nothing (no graded submission)'}")
     if unsafe:
         lines.append("WARNING: graded with --unsafe-no-sandbox: student code ran unconfined, as this user")
     return "\n".join(lines)
@@ -87,7 +89,7 @@ def write_csv(results: Sequence[StudentResult], path: Path, everyone: Iterable[s
                            "timestamp": when.timestamp.isoformat(sep=" ") if when and when.timestamp else "",
                            "hours_late": f"{when.hours_late:.2f}" if when else "", **graded, "error": r.error,
                            "note": "; ".join(filter(None, [r.note, when.problem if when else ""])),
-                           "failed": _failures(r),
+                           "failed": _failures(r), "memory": r.memory,
                            **{f"{k}_s": f"{v:.2f}" for k, v in r.timings.items()}}
     with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, FIELDS, extrasaction="ignore")
