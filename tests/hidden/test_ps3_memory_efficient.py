@@ -5,8 +5,10 @@ anew for every grading run, so that no output shown in feedback can be replayed)
 function through ``checks.call``, judge the result. Memory is graded on its
 own cells, on the shapes and budgets the visible memory tests use, and only for the computation
 asked for: the measured call's output must match the reference at that size (a wrong result earns
-no memory points). The peak counts from before the first call, so a buffer kept between calls
-counts. Arrays of the inputs' size are allowed; only an L x L matrix breaks a budget.
+no memory points). The peak counts what the student's code holds from its first cell on (a buffer
+kept between calls, a file of the folder) and what the call allocates (``remote.RemoteSubmission
+.remote_call``); where the host measures no memory the memory cells earn nothing and say so.
+Arrays of the inputs' size are allowed; only an L x L matrix breaks a budget.
 """
 
 import numpy as np
