@@ -20,7 +20,7 @@ from tqdm import tqdm
 from mha_lab.grading import course as courses
 from mha_lab.grading import judge, transport
 from mha_lab.grading.remote import RemoteSubmission
-from mha_lab.grading.sandbox import Limits, private_copy
+from mha_lab.grading.sandbox import NOT_MEASURED, Limits, private_copy
 from mha_lab.grading.worker import OUTPUT_CHARS
 
 __all__ = ["CellResult", "StudentResult", "grade_submission", "grade_packed", "record", "dask_client", "grade_class"]
@@ -52,6 +52,7 @@ class StudentResult:
     note: str = ""  # graded, with a remark: a notebook under another name
     timings: dict[str, float] = field(default_factory=dict)  # seconds: queue, run, judge
     notebooks: dict[str, dict] = field(default_factory=dict)  # name -> the executed notebook, for feedback
+    memory: str = ""  # how its memory was measured (``sandbox.memory_mode``), or why it was not
 
 
 def grade_submission(folder: Path, releases: dict[str, dict], hidden: Path, limits: Limits = DEFAULT_LIMITS, *,
@@ -107,6 +108,7 @@ def grade_submission(folder: Path, releases: dict[str, dict], hidden: Path, limi
         result.timings["run"] += t1 - t0
         result.timings["judge"] += time.time() - t1
         result.error = result.error or sandboxed.stopped
+        result.memory = sandboxed.memory
         result.notebooks[name] = nb
     result.score = sum(c.score for c in result.cells)
     return result
@@ -169,10 +171,12 @@ def _with_release_files(folder: Path, files: Mapping[str, bytes], limits: Limits
 
 
 def _definitions(code: list[nbformat.NotebookNode]) -> tuple[list[str], list[str]]:
-    """The code cells before the first answer cell, then up to the last one those that are not tests."""
+    """The release's own cells before the first answer cell (``course.merge`` keeps nbgrader's metadata on those
+    only), then the student's cells there and, up to the last answer cell, those that are not tests."""
     answers = [i for i, c in enumerate(code) if c.metadata.get("nbgrader", {}).get("solution")] or [0]
-    return ([c.source for c in code[:answers[0]]],
-            [c.source for c in code[answers[0]:answers[-1] + 1] if not c.metadata.get("nbgrader", {}).get("grade")])
+    given = [i for i in range(answers[0]) if code[i].metadata.get("nbgrader")]
+    return ([code[i].source for i in given], [c.source for i, c in enumerate(code[:answers[-1] + 1])
+                                              if i not in given and not c.metadata.get("nbgrader", {}).get("grade")])
 
 
 def _outputs(text: str, error: str) -> list[nbformat.NotebookNode]:
@@ -194,7 +198,8 @@ def record(course: Path, assignment: str, results: Iterable[StudentResult]) -> l
             gb.update_or_create_submission(assignment, r.student)
             for c in r.cells:
                 grade = gb.find_grade(c.grade_id, c.notebook, assignment, r.student)
-                grade.auto_score, grade.needs_manual_grade = c.score, False  # as nbgrader's SaveAutoGrades
+                grade.auto_score = c.score  # as nbgrader's SaveAutoGrades; memory not measured: the instructor's
+                grade.needs_manual_grade = NOT_MEASURED in c.message
             gb.db.commit()
         folder = Path(course) / "autograded" / r.student / assignment
         shutil.rmtree(folder, ignore_errors=True)

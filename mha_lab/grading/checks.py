@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from mha_lab.grading import worker
+from mha_lab.grading.sandbox import NOT_MEASURED
 from mha_lab.measure import traced_memory
 from mha_lab.testing import tolerances
 
@@ -158,8 +159,12 @@ def expect_true(condition: bool, *, what: str, hint: str) -> None:
         raise AssertionError(f"{what}. Likely bug: {hint}")
 
 
-def expect_within_budget(peak: int, budget: int, *, what: str, hint: str) -> None:
-    """Peak memory at most ``budget`` bytes, e.g. less than one full (B, h, L, L) score matrix."""
+def expect_within_budget(peak: int | None, budget: int, *, what: str, hint: str) -> None:
+    """Peak memory at most ``budget`` bytes, e.g. less than one full (B, h, L, L) score matrix; a peak of None
+    (a host that measures no memory: ``sandbox.memory_mode``) earns nothing, and says the instructor grades it."""
+    if peak is None:
+        raise AssertionError(f"{what}: {NOT_MEASURED}, so the grader gives no points here: the instructor grades "
+                             "this cell by hand [bug: memory-not-measured]")
     if peak > budget:
         raise AssertionError(f"{what}: peak memory {peak / 2**20:.2f} MiB is over the budget of "
                              f"{budget / 2**20:.2f} MiB. Likely bug: {hint}")

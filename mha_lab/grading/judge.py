@@ -15,7 +15,7 @@ from typing import Any
 import mha_lab
 from mha_lab.grading.checks import clip
 
-__all__ = ["HIDDEN_DIR_ENV", "hidden_module", "load", "judge_cell", "run_hidden_checks"]
+__all__ = ["HIDDEN_DIR_ENV", "hidden_module", "measures_memory", "load", "judge_cell", "run_hidden_checks"]
 
 HIDDEN_DIR_ENV = "MHA_LAB_HIDDEN_DIR"
 
@@ -29,6 +29,11 @@ def hidden_module(assignment: str, course: Path | None = None) -> Path:
     if path is None:
         raise FileNotFoundError(f"no hidden checks for assignment {assignment!r} in {folders[0]}")
     return path
+
+
+def measures_memory(path: Path) -> bool:
+    """Whether the hidden checks at ``path`` measure memory (``checks.call_with_peak``)."""
+    return "call_with_peak(" in Path(path).read_text()
 
 
 def load(path: Path) -> ModuleType:

@@ -55,17 +55,21 @@ class RemoteSubmission:
         self.folder, self.limits, self.stopped, self.references, self.extent = Path(folder), limits, "", {}, Extent()
         self.deadline, self.definitions = time.monotonic() + limits.seconds, None
         self.copy = sandbox.private_copy(folder, limits)
-        self.proc, self.group = sandbox.start(self.copy, limits)
+        self.mode = sandbox.memory_mode(limits)
+        self.memory = str(self.mode)  # how its memory is measured, for the grade sheet
+        self.proc, self.group = sandbox.start(self.copy, limits, self.mode)
         self.timer = threading.Timer(limits.seconds, self._kill,
                                      [f"the submission ran out of its {limits.seconds:.0f} s"])
         self.timer.daemon = True  # the grader may exit while it waits
         self.timer.start()
 
-    def run(self, cells: Sequence[str], definitions: tuple[Sequence[str], Sequence[str]] | None = None) -> list:
-        """Run the code cells: (printed text, error) each. ``definitions`` (default: none, then all): the cells
-        before the first answer cell, then those that define the student's functions, for measured calls."""
+    def run(self, cells: Sequence[str], definitions: tuple[Sequence[str], Sequence[str]] | None = None, *,
+            files: bool = True) -> list:
+        """Run the code cells, the submission's files copied in first (``files``): (printed text, error) each.
+        ``definitions`` (default: none, then all), for measured calls: the release's given cells before its
+        first answer cell, then the student's cells and those that define the student's functions."""
         self.definitions = definitions or ((), cells)
-        return self.request({"op": "run", "cells": list(cells)})[0].get("outputs", [])
+        return self.request({"op": "run", "cells": list(cells), "files": files})[0].get("outputs", [])
 
     def request(self, message: dict, arrays: Sequence[np.ndarray] = ()) -> tuple[dict, list[np.ndarray]]:
         """Send a request, answer its ``reference`` requests, return its answer; AssertionError when the worker
@@ -137,38 +141,46 @@ class RemoteSubmission:
     def remote_call(self, name: str, args: tuple, kwargs: dict, *, measure: bool,
                     replace: dict[str, str]) -> tuple[Any, int | None]:
         """``(result, peak bytes or None)`` of ``name`` in the sandbox, the helpers in ``replace`` (name -> dotted
-        path) answered here by their references. A measured call is the first call of a fresh sandbox that has
-        run only the ``definitions``; its peak, read from outside (the memory cgroup), is that sandbox's growth
-        since before the answer cells ran less the inputs: what the student's code keeps counts, nothing of the
-        tests does. Without a cgroup the worker measures the call (tracemalloc), which its code could forge."""
+        path) answered here by their references. A measured call is the first call of a fresh sandbox: the
+        release's given cells run, then the memory baseline (``sandbox.MemoryGroup.baseline``), then, counted as
+        the student's, the submission's files and the student's cells up to its last answer. The peak, read from
+        the memory cgroup outside the sandbox, counts from just before the call, less the inputs: what the
+        student's code keeps or allocates counts, nothing of the worker's or the tests' does. None where this
+        host measures no memory (``sandbox.memory_mode``): the call is not measured at all."""
         self.references = dict(replace)
         try:
-            if not measure:
-                return self._call(name, (args, kwargs), measure=False)[:2]
+            if not measure or self.mode.parent is None:
+                return self._call(name, (args, kwargs))[0], None
             limits = dataclasses.replace(self.limits, seconds=max(self.deadline - time.monotonic(), 1.0))
             with contextlib.closing(RemoteSubmission(self.folder, limits)) as fresh:
-                fresh.run(self.definitions[0])
-                base = sandbox.reset_peak(fresh.group) if fresh.group else None
+                fresh.run(self.definitions[0], files=False)
+                group = fresh.group
+                try:
+                    if group is None:
+                        raise OSError("the kernel refused one")
+                    group.baseline()
+                except OSError as exc:
+                    self.memory, group = f"{sandbox.NOT_MEASURED} (no memory cgroup for a sandbox: {exc})", None
                 fresh.run(self.definitions[1])
+                if group is not None:
+                    group.reset()
                 fresh.references = self.references
-                result, peak, inputs = fresh._call(name, (args, kwargs), measure=not fresh.group)
-                if base is not None:  # the cgroup counts the inputs too; tracemalloc starts after they arrived
-                    peak = max(sandbox.peak(fresh.group) - base - inputs, 0)
-            return result, peak or 0
+                result, inputs = fresh._call(name, (args, kwargs))
+                peak = None if group is None else max(group.peak() - inputs, 0)  # the cgroup counts the inputs
+            return result, peak
         finally:
             self.references = {}
 
-    def _call(self, name: str, arguments: tuple, *, measure: bool) -> tuple[Any, int | None, int]:
-        """One call: its result, the peak the worker measured, the bytes of the inputs."""
+    def _call(self, name: str, arguments: tuple) -> tuple[Any, int]:
+        """One call: its result and the bytes of its inputs."""
         arrays: list[np.ndarray] = []
-        message = {"op": "call", "name": name, "arguments": encode(arguments, arrays), "measure": measure,
+        message = {"op": "call", "name": name, "arguments": encode(arguments, arrays),
                    "replace": sorted(self.references)}
         self.extent = Extent.of(arrays)
         reply, results = self.request(message, arrays)
         if not reply.get("ok"):
             raise AssertionError(clip(str(reply.get("message", "the call failed"))))
-        peak, inputs = reply.get("peak"), sum(a.nbytes for a in arrays)
-        return decode(reply.get("result"), results), peak if isinstance(peak, int) else None, inputs
+        return decode(reply.get("result"), results), sum(a.nbytes for a in arrays)
 
     def _kill(self, reason: str) -> None:
         """Stop the worker, recording why (the first reason stands): killing bwrap's child ends its pid namespace;
@@ -192,5 +204,6 @@ class RemoteSubmission:
         for pipe in (self.proc.stdin, self.proc.stdout):
             with contextlib.suppress(OSError):
                 pipe.close()
-        sandbox.release(self.group)
+        if self.group is not None:
+            self.group.release()
         shutil.rmtree(self.copy, ignore_errors=True)

@@ -4,7 +4,8 @@ Inside: no network, its own pid namespace, a read-only view of the system, the s
 student's environment (``STUDENT_PACKAGES`` and what they need) and the worker file, and one writable
 size-capped ``/scratch`` holding a copy of the submission; nothing else of the host (no ``mha_lab``,
 torch, SciPy, hidden checks, solutions, gradebook or other students). It runs as a non-root uid under
-caps on memory (a cgroup for all its processes where the grader may make one), processes and file size.
+caps on memory (a cgroup for all its processes where the grader may make one: ``memory_mode``), processes and
+file size. The same cgroups measure the memory a student's call uses, from outside its reach.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ from functools import cache
 from importlib import metadata
 from pathlib import Path
 
-__all__ = ["PYTHON", "STUDENT_PACKAGES", "Limits", "SandboxError", "bwrap", "check", "private_copy", "start",
-           "memory_group", "reset_peak", "peak", "release"]
+__all__ = ["PYTHON", "STUDENT_PACKAGES", "NOT_MEASURED", "Limits", "SandboxError", "bwrap", "check", "private_copy",
+           "start", "MemoryMode", "memory_mode", "MemoryGroup"]
 
 GiB = 2**30
 PYTHON = str(Path(sys.base_prefix).resolve() / "bin" / f"python{sys.version_info[0]}.{sys.version_info[1]}")
@@ -57,6 +58,7 @@ class Limits:
     scratch: int = 256 * 2**20  # bytes of /scratch (files the code writes)
     output: int = 64 * 2**20  # bytes of one answer from the worker
     unsafe: bool = False  # no sandbox at all (--unsafe-no-sandbox): for machines that cannot make one
+    cgroup: str = ""  # a cgroup v2 directory handed over for the sandboxes' memory groups (--memory-cgroup)
 
 
 def bwrap() -> str:
@@ -128,48 +130,165 @@ def command(argv: list[str], submission: Path, limits: Limits, uid: int) -> list
             "--setenv", "MHA_LAB_SANDBOX_UID", str(uid), "--", *argv]
 
 
-def memory_group(limit: int) -> Path | None:
-    """A new cgroup (v1 memory controller) below this process's own, capped at ``limit`` bytes for all
-    its processes together; None where this process may not make one."""
-    lines = Path("/proc/self/cgroup").read_text().splitlines() if sys.platform == "linux" else []
-    own = next((line.split(":", 2)[2] for line in lines if line.split(":")[1:2] == ["memory"]), None)
-    if own is None:
-        return None
-    group = Path("/sys/fs/cgroup/memory", own.lstrip("/"), f"mha_lab_{os.getpid()}_{time.monotonic_ns()}")
+NOT_MEASURED = "memory not measured on this host"
+CGROUP_FS = Path("/sys/fs/cgroup")
+# per cgroup version: the files of the cap, the usage now and the peak
+MEMORY_FILES = {1: ("memory.limit_in_bytes", "memory.usage_in_bytes", "memory.max_usage_in_bytes"),
+                2: ("memory.max", "memory.current", "memory.peak")}
+
+
+@dataclass(frozen=True)
+class MemoryMode:
+    """How this host measures a sandbox's memory: in memory cgroups made below ``parent`` (cgroup ``version``
+    1 or 2), or not at all (``parent`` None), and why."""
+
+    parent: Path | None
+    version: int = 0
+    reason: str = ""
+
+    def __str__(self) -> str:
+        if self.parent is None:
+            return f"{NOT_MEASURED} ({self.reason})"
+        return f"cgroup v{self.version}" + (f" ({self.parent})" if self.version == 2 else "")
+
+
+def _own_cgroups(text: str) -> dict[str, str]:
+    """controller (``memory``, or ``""`` for the v2 hierarchy) -> this process's cgroup, from /proc/self/cgroup."""
+    found = {}
+    for line in text.splitlines():
+        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        for c in controllers.split(",") if controllers else [""]:
+            found[c] = path
+    return found
+
+
+def _delegated(folder: Path) -> str:
+    """'' when ``folder`` is a cgroup v2 directory whose memory controller this process may enable for new
+    children, else why not."""
+    controllers = folder / "cgroup.controllers"
+    if not controllers.is_file():
+        return f"{folder} is not a cgroup v2 directory"
+    if "memory" not in controllers.read_text().split():
+        return f"the memory controller is not delegated to {folder}"
+    if not os.access(folder, os.W_OK) or not os.access(folder / "cgroup.subtree_control", os.W_OK):
+        return f"{folder} is not writable by uid {os.getuid()}"
     try:
-        group.mkdir()
-        (group / "memory.limit_in_bytes").write_text(str(limit))
-    except OSError:
-        if group.is_dir():
-            group.rmdir()
-        return None
-    return group
+        (folder / "cgroup.subtree_control").write_text("+memory")
+    except OSError as exc:  # EBUSY: processes of its own live in it
+        return f"cannot enable the memory controller below {folder} ({exc.strerror or exc})"
+    return ""
 
 
-def reset_peak(group: Path) -> int:
-    """Restart the group's peak memory from now; returns its usage now, in bytes."""
-    (group / "memory.max_usage_in_bytes").write_text("0")
-    return int((group / "memory.usage_in_bytes").read_text())
+def memory_mode(limits: Limits, proc_cgroup: str | None = None, fs: Path = CGROUP_FS) -> MemoryMode:
+    """Where this process may make memory cgroups for its sandboxes: ``limits.cgroup`` (a cgroup v2 directory
+    handed over to the grader, e.g. by ``systemd-run --scope -p Delegate=yes``, the grader itself in a sibling);
+    else its own cgroup v1 memory group where it may write there (root); else nowhere, and why.
+    ``proc_cgroup`` (the text of /proc/self/cgroup) and ``fs`` stand in for the host's in tests."""
+    if limits.unsafe:
+        return MemoryMode(None, reason="--unsafe-no-sandbox: student code runs unconfined")
+    if limits.cgroup:
+        why = _delegated(Path(limits.cgroup))
+        return MemoryMode(None, reason=why) if why else MemoryMode(Path(limits.cgroup), 2)
+    if proc_cgroup is None:
+        proc_cgroup = Path("/proc/self/cgroup").read_text() if sys.platform == "linux" else ""
+    own = _own_cgroups(proc_cgroup)
+    if "memory" in own:
+        folder = fs / "memory" / own["memory"].lstrip("/")
+        if os.access(folder, os.W_OK) and (folder / MEMORY_FILES[1][2]).is_file():
+            return MemoryMode(folder, 1)
+        return MemoryMode(None, reason=f"the cgroup v1 memory group {folder} is not writable by uid {os.getuid()}: "
+                                       "grade as root")
+    if "" in own and (fs / "cgroup.controllers").is_file():
+        return MemoryMode(None, reason="cgroup v2 with no delegated directory: pass --memory-cgroup DIR (README)")
+    return MemoryMode(None, reason="no memory cgroups on this host")
 
 
-def peak(group: Path) -> int:
-    """The group's peak memory since ``reset_peak``, in bytes: every process of the sandbox, out of its reach."""
-    return int((group / "memory.max_usage_in_bytes").read_text())
+@dataclass
+class MemoryGroup:
+    """The memory cgroups of one sandbox, below its ``MemoryMode``'s parent: ``top``, capped, for all its
+    processes; they start in ``entry`` and ``baseline`` moves them, before any code of the student's has run,
+    into ``top/student``. Everything charged from then on (files copied in, the student's cells, child
+    processes, tmpfs, untraced mappings) is the student's, and what was charged before (the worker, the release's
+    given cells) stays charged to ``entry``: freeing it hides nothing."""
 
+    top: Path
+    version: int
+    _fd: int | None = None  # cgroup v2: the memory.peak this group's reset restarted (kernel >= 6.12)
 
-def release(group: Path | None) -> None:
-    """Remove a memory group once its processes have gone (the kernel may take a moment to let go)."""
-    for _ in range(50 if group is not None and group.exists() else 0):
-        with contextlib.suppress(OSError):
-            group.rmdir()
+    @classmethod
+    def make(cls, mode: MemoryMode, limit: int) -> MemoryGroup:
+        """A new group below ``mode.parent`` capped at ``limit`` bytes; OSError where the kernel refuses."""
+        top = mode.parent / f"mha_lab_{os.getpid()}_{time.monotonic_ns()}"
+        top.mkdir()
+        group = cls(top, mode.version)
+        try:
+            (top / MEMORY_FILES[mode.version][0]).write_text(str(limit))
+            if mode.version == 2:  # processes live in leaves only: "before", then "student"
+                (top / "cgroup.subtree_control").write_text("+memory")
+                (top / "before").mkdir()
+        except OSError:
+            group.release()
+            raise
+        return group
+
+    @property
+    def entry(self) -> Path:
+        """The group the sandbox's first process joins."""
+        return self.top / "before" if self.version == 2 else self.top
+
+    def _file(self, index: int) -> Path:
+        return self.top / "student" / MEMORY_FILES[self.version][index]
+
+    def baseline(self) -> None:
+        """Move every process of the sandbox into the student's group; OSError when one stays behind."""
+        student = self.top / "student"
+        student.mkdir()
+        if self.version == 1:  # the cap holds for the child too (without use_hierarchy as well)
+            self._file(0).write_text((self.top / MEMORY_FILES[1][0]).read_text())
+        for pid in (self.entry / "cgroup.procs").read_text().split():
+            with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
+                (student / "cgroup.procs").write_text(pid)
+        if left := (self.entry / "cgroup.procs").read_text().split():
+            raise OSError(f"processes {left} could not join {student}")
+
+    def reset(self) -> None:
+        """Restart the student group's peak from now, i.e. from what its code holds now. cgroup v2 before
+        kernel 6.12 cannot: its peak then counts from the baseline."""
+        if self.version == 1:
+            self._file(2).write_text("0")
             return
-        time.sleep(0.02)
+        fd = os.open(self._file(2), os.O_RDWR)
+        try:
+            os.write(fd, b"reset\n")
+        except OSError:
+            os.close(fd)
+            return
+        self._fd = fd
+
+    def peak(self) -> int:
+        """The student group's peak memory since ``reset`` (or the baseline), in bytes: every process of the
+        sandbox, out of its reach."""
+        if self._fd is not None:
+            return int(os.pread(self._fd, 64, 0))
+        return int(self._file(2).read_text())
+
+    def release(self) -> None:
+        """Remove the groups once their processes have gone (the kernel may take a moment to let go)."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        for folder in (self.top / "student", self.top / "before", self.top):
+            for _ in range(50 if folder.is_dir() else 0):
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
+                    break
+                time.sleep(0.02)
 
 
-def _limit(limits: Limits, group: Path | None = None) -> None:
+def _limit(limits: Limits, group: MemoryGroup | None = None) -> None:
     """Runs in the child before bwrap: caps that the sandbox inherits, and death with the grader."""
     if group is not None:
-        (group / "cgroup.procs").write_text(str(os.getpid()))  # bwrap and everything it starts
+        (group.entry / "cgroup.procs").write_text(str(os.getpid()))  # bwrap and everything it starts
     resource.setrlimit(resource.RLIMIT_DATA, (limits.memory, limits.memory))
     resource.setrlimit(resource.RLIMIT_FSIZE, (limits.scratch, limits.scratch))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
@@ -189,16 +308,21 @@ def private_copy(submission: Path, limits: Limits) -> Path:
     return copy
 
 
-def start(submission: Path, limits: Limits) -> tuple[subprocess.Popen, Path | None]:
+def start(submission: Path, limits: Limits, mode: MemoryMode | None = None
+          ) -> tuple[subprocess.Popen, MemoryGroup | None]:
     """Start the worker (the bare interpreter, ``-S``, on its file) in a sandbox that sees ``submission`` (a
-    ``private_copy``) read-only, stdin and stdout piped; returns it and its ``memory_group`` (or None).
+    ``private_copy``) read-only, stdin and stdout piped; returns it and its ``MemoryGroup`` below ``mode``'s
+    parent (None where there is none, or the kernel refused one).
 
     The sandbox runs as uid ``200000 + this process's id`` when the grader is root (so that the process cap
     counts this sandbox only), else as the grader's uid in a user namespace; ``limits.unsafe``: unconfined.
     """
     argv = [PYTHON, "-S", str(WORKER) if limits.unsafe else "/worker/worker.py", str(limits.processes)]
     uid = 200_000 + os.getpid() if os.getuid() == 0 else os.getuid()
-    group = None if limits.unsafe else memory_group(limits.memory)
+    group = None
+    if mode is not None and mode.parent is not None and not limits.unsafe:
+        with contextlib.suppress(OSError):
+            group = MemoryGroup.make(mode, limits.memory)
     env = ({**os.environ, "MHA_LAB_SANDBOX_UID": "", "MPLBACKEND": "Agg", "PYTHONPATH": str(student_environment()[0])}
            if limits.unsafe else None)
     proc = subprocess.Popen(argv if limits.unsafe else command(argv, submission, limits, uid), cwd=submission, env=env,

@@ -2,9 +2,10 @@
 (the standard library, NumPy, matplotlib; never ``mha_lab``); the grader imports it for the protocol.
 
 Each request and answer is one JSON line and the arrays it carries in ``.npy`` format (``frame``), over
-the sandbox's stdin and stdout: ``run`` executes the notebook's code cells, ``call`` one of the student's
-functions, whose helpers named in ``replace`` send ``reference`` requests back to the grader. Nothing
-crosses as a pickle, so nothing either side sends can run code in the other.
+the sandbox's stdin and stdout: ``run`` executes the notebook's code cells (with ``files``: after copying the
+submission's files in), ``call`` one of the student's functions, whose helpers named in ``replace`` send
+``reference`` requests back to the grader. Nothing crosses as a pickle, so nothing either side sends can run
+code in the other. The worker measures nothing: the grader reads memory from the sandbox's cgroup.
 """
 
 from __future__ import annotations
@@ -273,19 +274,15 @@ class _Grader:
 def _answer(request: dict, arrays: list[np.ndarray], namespace: dict, grader: _Grader) -> tuple[dict, list]:
     """The reply to one request and the arrays that go with it."""
     if request["op"] == "run":
+        if request.get("files"):
+            _copy_submission()
         return {"ok": True, "outputs": [_run_cell(source, namespace) for source in request["cells"]]}, []
     sent: list[np.ndarray] = []
     try:
         args, kwargs = decode(request["arguments"], arrays)
         replace = {n: grader.reference(n) for n in request.get("replace", ())}
-        if request.get("measure"):  # the worker's own measurement, where no cgroup reads one
-            tracemalloc.start()
-        try:
-            result = call(namespace, request["name"], args, kwargs, replace)
-        finally:
-            peak = tracemalloc.get_traced_memory()[1] if tracemalloc.is_tracing() else None
-            tracemalloc.stop()
-        return {"ok": True, "result": encode(result, sent), "peak": peak}, sent
+        result = call(namespace, request["name"], args, kwargs, replace)
+        return {"ok": True, "result": encode(result, sent)}, sent
     except AssertionError as exc:
         return {"ok": False, "message": str(exc)}, []
     except Exception as exc:  # noqa: BLE001 - e.g. a result that cannot cross without pickles
@@ -301,8 +298,27 @@ def _warm_up() -> None:
     tracemalloc.stop()
 
 
+_UNCOPIED: list[Path] = []  # the submission folder, until it is copied to /scratch
+
+
+def _copy_submission() -> None:
+    """Copy the submission's files (not its notebooks: their cells come as requests) to /scratch, once, where
+    the code may change them; links stay links. The grader asks for it with the student's first cells, after
+    the memory baseline: what the files take in the sandbox's tmpfs is the student's."""
+    if not _UNCOPIED:
+        return
+    _UNCOPIED.clear()
+    for entry in Path("/submission").iterdir():  # read-only, as the grader made it
+        if entry.suffix == ".ipynb":
+            continue
+        if entry.is_dir() and not entry.is_symlink():  # copytree knows no follow_symlinks: it raised here
+            shutil.copytree(entry, Path("/scratch") / entry.name, symlinks=True)
+        else:
+            shutil.copy2(entry, Path("/scratch") / entry.name, follow_symlinks=False)
+
+
 def enter(processes: int) -> None:
-    """Before any student code: drop to the sandbox uid, cap processes, copy the submission to /scratch."""
+    """Before any student code: drop to the sandbox uid, cap processes."""
     uid = os.environ.pop("MHA_LAB_SANDBOX_UID", "")
     if uid and os.getuid() == 0:
         os.setgroups([])
@@ -310,11 +326,7 @@ def enter(processes: int) -> None:
         os.setresuid(*[int(uid)] * 3)
     if uid:
         resource.setrlimit(resource.RLIMIT_NPROC, (processes, processes))
-        for entry in Path("/submission").iterdir():  # a copy the code may change; links stay links
-            if entry.is_dir() and not entry.is_symlink():  # copytree knows no follow_symlinks: it raised here
-                shutil.copytree(entry, Path("/scratch") / entry.name, symlinks=True)
-            else:
-                shutil.copy2(entry, Path("/scratch") / entry.name, follow_symlinks=False)
+        _UNCOPIED.append(Path("/submission"))  # copied by the first ``run`` that asks for files
     sys.meta_path.insert(0, _Refuse())
     _warm_up()
 

@@ -20,6 +20,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import textwrap
 import time
 import tokenize
@@ -263,14 +264,27 @@ def hostile(course: Path, name: str, attack: Attack, target: Target) -> Student:
 
 
 def run_grader(course: Path, assignment: str, *, jobs: int = 2, timeout: float = 60, limit: float = 900,
-               extra: Sequence[str] = ()) -> tuple[subprocess.CompletedProcess | None, float]:
-    """Run the grading command on the course as an instructor would; returns (process, wall seconds).
+               extra: Sequence[str] = (), uid: int | None = None) -> tuple[subprocess.CompletedProcess | None, float]:
+    """Run the grading command on the course as an instructor would, as user ``uid`` when given (``setpriv``:
+    the course must be theirs); returns (process, wall seconds).
 
     The process is None when it ran past ``limit`` seconds: then its whole process group is killed.
     """
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
            "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")}
-    cmd = [sys.executable, *GRADER, assignment, "--course", str(course), "--jobs", str(jobs),
+    python = sys.executable
+    if uid is not None:  # the system's interpreter on this environment's packages: a venv's may be in root's home
+        python = shutil.which(f"python{sys.version_info[0]}.{sys.version_info[1]}", path="/usr/bin:/bin") or python
+        scripts = Path(course) / ".bin"  # the scripts nbgrader calls (alembic), on that interpreter
+        scripts.mkdir(exist_ok=True)
+        (scripts / "alembic").write_text(f'#!/bin/sh\nexec {python} -m alembic "$@"\n')
+        (scripts / "alembic").chmod(0o755)
+        os.chown(scripts, uid, uid)
+        env |= {"HOME": str(course), "PYTHONDONTWRITEBYTECODE": "1", "PATH": f"{scripts}:/usr/bin:/bin",
+                "JUPYTER_PATH": str(Path(sys.prefix) / "share" / "jupyter"),
+                "PYTHONPATH": os.pathsep.join([env["PYTHONPATH"], sysconfig.get_paths()["purelib"]])}
+    user = [] if uid is None else ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
+    cmd = [*user, python, *GRADER, assignment, "--course", str(course), "--jobs", str(jobs),
            "--timeout", str(timeout), *extra]
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=course, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from mha_lab.grading import batch, course, sandbox
+from mha_lab.grading import batch, course, judge, sandbox
 from mha_lab.instructor import gradesheet, term
 from mha_lab.instructor.report import build as build_report
 
@@ -29,6 +29,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--scheduler", help="address of a running Dask scheduler, e.g. tcp://host:8786")
     parser.add_argument("--timeout", type=float, default=sandbox.Limits.seconds, help="seconds per submission")
     parser.add_argument("--memory", type=int, default=sandbox.Limits.memory, help="bytes of memory per submission")
+    parser.add_argument("--memory-cgroup", type=Path, help="a cgroup v2 directory handed over to the grader for "
+                        "the sandboxes' memory groups (README: grading on a cgroup v2 host)")
+    parser.add_argument("--require-memory-measurement", action="store_true", help="refuse to grade an assignment "
+                        "with memory checks on a host that cannot measure memory")
     parser.add_argument("--unsafe-no-sandbox", action="store_true", help="run student code unconfined (never "
                         "on untrusted submissions)")
     args = parser.parse_args(argv)
@@ -51,7 +55,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         term.check(root, todo)
     except (ValueError, ImportError) as exc:
         parser.exit(1, f"cannot grade: {exc}\n")
-    limits = sandbox.Limits(memory=args.memory, seconds=args.timeout, unsafe=args.unsafe_no_sandbox)
+    limits = sandbox.Limits(memory=args.memory, seconds=args.timeout, unsafe=args.unsafe_no_sandbox,
+                            cgroup=str(args.memory_cgroup.resolve()) if args.memory_cgroup else "")
+    mode = sandbox.memory_mode(limits)
+    measuring = [a for a in todo if judge.measures_memory(judge.hidden_module(a, root))]
+    if measuring and mode.parent is None and args.require_memory_measurement:
+        parser.exit(1, f"cannot grade {', '.join(measuring)} with --require-memory-measurement: {mode}; grade as "
+                       "root on cgroup v1, or pass --memory-cgroup DIR on cgroup v2 (README)\n")
+    if measuring:
+        print(f"memory: {mode}", flush=True)
     with batch.dask_client(args.jobs, args.scheduler) as client:
         for a in todo:
             late: dict[str, term.Late] = {}  # filled between the gradebook and the feedback

@@ -20,7 +20,7 @@ from mha_lab.instructor.term import Late
 __all__ = ["FIELDS", "summary_table", "write_csv"]
 
 FIELDS = ["student", "status", "score", "max_score", "timestamp", "hours_late", "penalty", "final_score", "error",
-          "note", "failed", "queue_s", "run_s", "judge_s"]
+          "note", "failed", "memory", "queue_s", "run_s", "judge_s"]
 REASON_CHARS = 90  # of a reason in the summary; the whole message is in the CSV
 WIDTH = 100  # columns of the summary: no line wraps on a terminal
 STUDENT_CHARS = 24  # of a student's id in the summary
@@ -92,9 +92,12 @@ def summary_table(results: Sequence[StudentResult], *, late: Mapping[str, Late] 
     top = max((r.max_score for r in results), default=0)
     lines.append(f"{len(results)} submissions: {len(graded)} graded, {len(results) - len(graded)} not graded, "
                  f"{n_late} late; mean final score of the graded {mean:.2f} / {top:g}")
+    modes = sorted({r.memory for r in graded if r.memory})
+    memory = f"memory measured by: {'; '.join(modes) or 'nothing (no graded submission)'}"
+    lines.append(_cut(memory, WIDTH))
     attention = [(r.student, why) for r in results if (why := _attention(r, late.get(r.student)))]
     lines += ["needs attention:", *(_cut(f"  {s!r}: {why}", WIDTH) for s, why in attention)] if attention else []
-    cut = cut or any(len(f"  {s!r}: {why}") > WIDTH for s, why in attention)
+    cut = cut or len(memory) > WIDTH or any(len(f"  {s!r}: {why}") > WIDTH for s, why in attention)
     if cut:
         lines.append(f"lines cut to {WIDTH} columns: every cell and message is in {details or 'the grades CSV'}")
     if unsafe:
@@ -120,7 +123,7 @@ def write_csv(results: Sequence[StudentResult], path: Path, everyone: Iterable[s
                            "timestamp": when.timestamp.isoformat(sep=" ") if when and when.timestamp else "",
                            "hours_late": f"{when.hours_late:.2f}" if when else "", **graded, "error": r.error,
                            "note": "; ".join(filter(None, [r.note, when.problem if when else ""])),
-                           "failed": _failures(r),
+                           "failed": _failures(r), "memory": r.memory,
                            **{f"{k}_s": f"{v:.2f}" for k, v in r.timings.items()}}
     with open(path, "w", newline="") as f:
         writer = spreadsheet.DictWriter(f, FIELDS, extrasaction="ignore")

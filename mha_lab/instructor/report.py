@@ -244,7 +244,8 @@ def build(root: Path, assignment: str) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     write_similarity_csv(pairs, out / "similarity.csv")
     counts = {"submitted": len(data.submitted), "graded": len(data.scores),
-              "not graded": len(data.submitted) - len(data.scores), "late": len(data.late)}
+              "not graded": len(data.submitted) - len(data.scores), "late": len(data.late),
+              "memory": _memory_modes(root / f"grades_{assignment}.csv")}
     flagged = [p for p in pairs if p.flagged]
     svg = _histogram_svg(data)
     (out / "scores.svg").write_text(svg)  # the figure of report.md; index.html has it inline
@@ -259,6 +260,15 @@ def write_similarity_csv(pairs: Sequence[similarity.Pair], path: Path) -> None:
         writer = spreadsheet.writer(f)
         writer.writerow(["student_a", "student_b", "similarity", "flagged"])
         writer.writerows((p.student_a, p.student_b, f"{p.similarity:.3f}", str(p.flagged).lower()) for p in pairs)
+
+
+def _memory_modes(grades: Path) -> str:
+    """How the graded students' memory was measured, from the grade sheet's ``memory`` column."""
+    if not grades.is_file():
+        return "unknown"
+    with open(grades, newline="") as f:
+        modes = sorted({row.get("memory") or "" for row in spreadsheet.DictReader(f)} - {""})
+    return "; ".join(modes) or "unknown"
 
 
 def _table_rows(stats: Sequence[dict]) -> list[tuple[str, ...]]:

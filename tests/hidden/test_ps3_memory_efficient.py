@@ -1,11 +1,14 @@
 """Hidden checks of ps3_memory_efficient: measure_peak, head_by_head_forward, chunked_attention.
 
-Every check has three steps: make the inputs (seeded, shapes the visible tests do not use),
-call the student's function through ``checks.call``, judge the result. Memory is graded on its
+Every check has three steps: make the inputs (shapes the visible tests do not use, random numbers drawn
+anew for every grading run, so that no output shown in feedback can be replayed), call the student's
+function through ``checks.call``, judge the result. Memory is graded on its
 own cells, on the shapes and budgets the visible memory tests use, and only for the computation
 asked for: the measured call's output must match the reference at that size (a wrong result earns
-no memory points). The peak counts from before the first call, so a buffer kept between calls
-counts. Arrays of the inputs' size are allowed; only an L x L matrix breaks a budget.
+no memory points). The peak counts what the student's code holds from its first cell on (a buffer
+kept between calls, a file of the folder) and what the call allocates (``remote.RemoteSubmission
+.remote_call``); where the host measures no memory the memory cells earn nothing and say so.
+Arrays of the inputs' size are allowed; only an L x L matrix breaks a budget.
 """
 
 import numpy as np
@@ -19,6 +22,12 @@ PACKAGE_ANSWERS = {"measure_peak": ["mha_lab.measure.traced_memory"],
                    "chunked_attention": ["mha_lab.cpu.chunked_attention"]}
 
 MiB = 2**20
+FRESH = np.random.SeedSequence()  # new entropy each time the checks are loaded: once per graded submission
+
+
+def _rng(key: int) -> np.random.Generator:
+    """The random numbers of the inputs of check ``key``: different in every grading run."""
+    return np.random.default_rng([key, FRESH.entropy])
 
 
 def _expect_computed(out, expected: np.ndarray, what: str) -> None:
@@ -39,37 +48,51 @@ def _expect_computed(out, expected: np.ndarray, what: str) -> None:
 # --- measure_peak --------------------------------------------------------------------------------
 
 
-def test_measure_peak_values(student):
-    # 1. inputs: np.std of one million float64 numbers holds one 8 MB temporary (x - mean) at its peak
-    x = np.random.default_rng(0).standard_normal(1_000_000)
-    # 2. call
-    result = checks.call(student, "measure_peak", np.std, x)
-    # 3. judge
+def _judge_measured(result, expected, held: int, what: str) -> None:
+    """Step 3 for measure_peak: a pair, fn's result, and a peak of at least the ``held`` bytes ``what`` holds at
+    its peak, and at most 1 MiB more."""
     checks.expect_true(isinstance(result, tuple) and len(result) == 2,
                        what="measure_peak should return a pair (result, peak_bytes)",
                        hint="return fn's result and the peak, e.g. `return result, peak` [bug: return-result-peak]")
     value, peak = result
-    checks.expect_true(np.isscalar(value) and np.isclose(value, np.std(x)),
-                       what=f"measure_peak returned {value!r} as fn's result, expected np.std(x) = {np.std(x):.6f}",
+    same = np.shape(value) == np.shape(expected) and bool(np.allclose(value, expected))
+    checks.expect_true(same, what=f"measure_peak returned a {type(value).__name__} of shape {np.shape(value)} as "
+                            f"the result of {what}, not what fn returned",
                        hint="call fn(*args, **kwargs) exactly once and return what it returns [bug: call-fn-once]")
     checks.expect_true(isinstance(peak, (int, np.integer)),
                        what=f"peak_bytes should be an int (bytes), got {type(peak).__name__}",
                        hint="tracemalloc.get_traced_memory() returns ints: (current, peak) [bug: peak-not-int]")
-    checks.expect_true(x.nbytes <= peak <= x.nbytes + MiB,
-                       what=f"measure_peak reported {peak} bytes for np.std of {x.size} float64 numbers, which holds "
-                            f"a {x.nbytes}-byte temporary at its peak",
+    checks.expect_true(held <= peak <= held + MiB,
+                       what=f"measure_peak reported {peak} bytes for {what}, which holds {held} bytes at its peak",
                        hint="take the PEAK (second value of tracemalloc.get_traced_memory()), not the current "
                             "size, after fn returns; start tracing (or reset_peak) before calling fn"
                             " [bug: current-not-peak]")
+
+
+def test_measure_peak_values(student):
+    # 1. inputs of fresh sizes: np.std of n float64 numbers holds one temporary (x - mean) of x's size at its
+    #    peak; np.multiply of an (n, 1) column and a (1, m) row makes an (n, m) product from n + m numbers, a
+    #    peak that the arguments' sizes do not give
+    rng = _rng(0)
+    x = rng.standard_normal(int(rng.integers(600_000, 1_200_000)))
+    column, row = rng.standard_normal((int(rng.integers(300, 500)), 1)), rng.standard_normal((1, 400))
+    # 2. call
+    spread = checks.call(student, "measure_peak", np.std, x)
+    product = checks.call(student, "measure_peak", np.multiply, column, row)
+    # 3. judge
+    _judge_measured(spread, np.std(x), x.nbytes, f"np.std of {x.size} float64 numbers")
+    _judge_measured(product, column * row, column.size * row.size * 8,
+                    f"np.multiply of a ({column.size}, 1) column and a (1, {row.size}) row")
 
 
 # --- head_by_head_forward ------------------------------------------------------------------------
 
 
 def _layer_inputs(seed: int, B: int, L: int, d_model: int, h: int):
-    """A seeded fused layer and an input batch; the layer is the reference."""
-    layer = MultiHeadAttention(d_model, h, seed=seed)
-    X = np.random.default_rng(seed + 100).standard_normal((B, L, d_model))
+    """A fused layer of fresh weights and an input batch (``_rng(seed)``); the layer is the reference."""
+    rng = _rng(seed)
+    layer = MultiHeadAttention(d_model, h, seed=int(rng.integers(2**31)))
+    X = rng.standard_normal((B, L, d_model))
     return layer, X
 
 
@@ -155,10 +178,24 @@ def test_head_by_head_forward_mask__padding(student):
     _check_hbh_mask(student, 6, mask)
 
 
+def _hot_layer(B: int, L: int, d_model: int, h: int):
+    """A layer whose scores are in the thousands, far beyond exp's float64 range (exp(710) overflows), drawn
+    until every row's largest score beats the next by more than 40 sqrt(d_model): then each softmax row is
+    exactly one-hot at either scale, so this check judges overflow, not the scale (the values cells do)."""
+    for attempt in range(1000):
+        layer, X = _layer_inputs(8 + 1000 * attempt, B, L, d_model, h)
+        layer.W_Q = 1000.0 * layer.W_Q
+        d_k = d_model // h
+        Q, K = ((X @ W).reshape(B, L, h, d_k).transpose(0, 2, 1, 3) for W in (layer.W_Q, layer.W_K))  # (B, h, L, d_k)
+        top2 = np.sort(Q @ K.transpose(0, 1, 3, 2), axis=-1)[..., -2:]  # (B, h, L, 2)
+        if (top2[..., 1] - top2[..., 0]).min() > 40 * np.sqrt(d_model):
+            return layer, X
+    raise RuntimeError("no layer with one-hot softmax rows was drawn")
+
+
 def test_head_by_head_forward_stability(student):
-    # 1. inputs: scores in the thousands, far beyond exp's float64 range (exp(710) overflows)
-    layer, X = _layer_inputs(8, B=2, L=6, d_model=12, h=3)
-    layer.W_Q = 1000.0 * layer.W_Q
+    # 1. inputs: scores in the thousands, each softmax row one-hot
+    layer, X = _hot_layer(B=2, L=6, d_model=12, h=3)
     expected = layer.forward(X)
     # 2. call
     out = checks.call(student, "head_by_head_forward", X, *_weights(layer), 3)
@@ -190,7 +227,7 @@ def test_head_by_head_forward_memory(student):
 
 
 def _qkv(seed: int, B: int, h: int, L: int, d: int, scale: float = 1.0):
-    rng = np.random.default_rng(seed)
+    rng = _rng(seed)
     Q = scale * rng.standard_normal((B, h, L, d))
     K, V = rng.standard_normal((B, h, L, d)), rng.standard_normal((B, h, L, d))
     return Q, K, V
@@ -349,10 +386,10 @@ def test_chunked_attention_stability__very_negative_rows(student):
     # 1. inputs: keys with positive entries; half the queries strongly negative, so every score of those
     #    rows is below -745, where exp underflows to 0. The softmax of such a row is still well defined.
     B, h, L, d, block = 1, 2, 48, 8, 16
-    rng = np.random.default_rng(21)
+    rng = _rng(21)
     K = np.abs(rng.standard_normal((B, h, L, d))) + 0.5
     Q, V = rng.standard_normal((B, h, L, d)), rng.standard_normal((B, h, L, d))
-    Q[:, :, ::2] = -400.0 * (np.abs(Q[:, :, ::2]) + 0.5)  # scores <= -400 * 0.25 * d / sqrt(d) < -745
+    Q[:, :, ::2] = -1200.0 * (np.abs(Q[:, :, ::2]) + 0.5)  # scores <= -1200 * 0.25 * d / sqrt(d) < -745
     # 2. call
     out = checks.call(student, "chunked_attention", Q, K, V, block)
     # 3. judge
