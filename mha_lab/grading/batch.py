@@ -17,8 +17,8 @@ from typing import Any
 import nbformat
 from tqdm import tqdm
 
+from mha_lab.grading import abilities, judge, transport
 from mha_lab.grading import course as courses
-from mha_lab.grading import judge, transport
 from mha_lab.grading.remote import RemoteSubmission
 from mha_lab.grading.sandbox import NOT_MEASURED, Limits, private_copy
 from mha_lab.grading.worker import OUTPUT_CHARS
@@ -226,27 +226,32 @@ def dask_client(jobs: int = 2, scheduler: str | None = None) -> Iterator[Any]:
 
 def grade_class(course: Path, assignment: str, *, students: Iterable[str] | None = None, client: Any = None,
                 jobs: int = 2, scheduler: str | None = None, limits: Limits = DEFAULT_LIMITS,
-                progress: bool = True, grace: float = GRACE_SECONDS,
+                progress: bool = True, grace: float = GRACE_SECONDS, require_memory: bool = False,
                 before_feedback: Callable[[list[str]], Any] | None = None) -> list[StudentResult]:
     """Grade every submission of ``assignment`` (or only ``students``), record grades and feedback.
 
     Runs on ``client``, else on ``dask_client(jobs, scheduler)``. Each submission is recorded as soon as it is
     graded; one still grading ``grace`` seconds past its deadline is stopped and recorded as not graded, with why,
-    as is a student id that cannot be one. ``before_feedback`` is called with the recorded students between the
-    gradebook and the feedback (the term's late penalties go into both).
+    as is a student id that cannot be one. Tasks go to workers that can make a sandbox, and to workers that
+    measure memory when the checks do (``abilities.place``: ``abilities.CannotGradeError`` before any grading when
+    there are none, or none measures and ``require_memory``). ``before_feedback`` is called with the recorded
+    students between the gradebook and the feedback (the term's late penalties go into both).
     """
     course = Path(course).resolve()
-    work = transport.Assignment(assignment, courses.register(course, assignment),
-                                judge.hidden_module(assignment, course).read_text(),
+    hidden_path = judge.hidden_module(assignment, course)
+    work = transport.Assignment(assignment, courses.register(course, assignment), hidden_path.read_text(),
                                 courses.release_files(course, assignment))
     names = sorted(students) if students is not None else courses.students(course, assignment)
     results = {s: StudentResult(s, error=why) for s in names if (why := courses.id_problem(s))}
     recorded: list[str] = []
     with nullcontext(client) if client is not None else dask_client(jobs, scheduler) as client:
+        needs, _ = abilities.place(client, limits, measures=judge.measures_memory(hidden_path),
+                                   require_memory=require_memory)
         plugin = _on_worker(work)  # the release and hidden checks go to each worker once, not with each task
         client.register_plugin(plugin)
         futures = {client.submit(_grade_held, transport.pack(course / "submitted" / s / assignment, limits.scratch),
-                                 plugin.name, limits, student=s, queued_at=time.time(), pure=False, retries=1): s
+                                 plugin.name, limits, student=s, queued_at=time.time(), pure=False, retries=1,
+                                 resources=needs): s
                    for s in names if s not in results}
         with tqdm(total=len(names), initial=len(results), desc=f"grade {assignment}", unit="submission",
                   disable=not progress) as bar:

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from mha_lab.grading import batch, course, judge, sandbox
+from mha_lab.grading.abilities import CannotGradeError
 from mha_lab.instructor import gradesheet, term
 from mha_lab.instructor.report import build as build_report
 
@@ -46,7 +47,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"no submissions in {root / 'submitted'}")
     if args.assignment and not (root / "solutions" / args.assignment).is_dir():
         parser.error(f"no assignment {args.assignment!r} in {root / 'solutions'}")
-    if not args.unsafe_no_sandbox:
+    if not args.unsafe_no_sandbox and not args.scheduler:  # a cluster's workers say for themselves (abilities)
         try:
             sandbox.check()
         except sandbox.SandboxError as exc:
@@ -59,17 +60,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                             cgroup=str(args.memory_cgroup.resolve()) if args.memory_cgroup else "")
     mode = sandbox.memory_mode(limits)
     measuring = [a for a in todo if judge.measures_memory(judge.hidden_module(a, root))]
-    if measuring and mode.parent is None and args.require_memory_measurement:
+    if measuring and mode.parent is None and args.require_memory_measurement and not args.scheduler:
         parser.exit(1, f"cannot grade {', '.join(measuring)} with --require-memory-measurement: {mode}; grade as "
                        "root on cgroup v1, or pass --memory-cgroup DIR on cgroup v2 (README)\n")
-    if measuring:
+    if measuring and not args.scheduler:
         print(f"memory: {mode}", flush=True)
     with batch.dask_client(args.jobs, args.scheduler) as client:
         for a in todo:
             late: dict[str, term.Late] = {}  # filled between the gradebook and the feedback
-            results = batch.grade_class(root, a, students=args.student, client=client, limits=limits,
-                                        before_feedback=lambda who, a=a, late=late:
-                                        late.update(term.apply(root, a, who)))
+            try:
+                results = batch.grade_class(root, a, students=args.student, client=client, limits=limits,
+                                            require_memory=args.require_memory_measurement,
+                                            before_feedback=lambda who, a=a, late=late:
+                                            late.update(term.apply(root, a, who)))
+            except CannotGradeError as exc:
+                parser.exit(1, f"cannot grade {a}: {exc}\n")
             out = root / f"grades_{a}.csv"
             print(gradesheet.summary_table(results, late=late, unsafe=limits.unsafe, details=out.name))
             gradesheet.write_csv(results, out, everyone=course.students(root), late=late)
