@@ -16,7 +16,7 @@ from nbgrader.preprocessors import (
     SaveCells,
 )
 
-from mha_lab.grading.course import use_own_scripts
+from mha_lab.grading.course import feedback_exporter, use_own_scripts
 from mha_lab.instructor.stubs import TaskStubs
 
 use_own_scripts()  # nbgrader runs its environment's `alembic` when it makes a gradebook: no activated venv needed
@@ -48,6 +48,11 @@ c.Autograde.sanitize_preprocessors = [
     "nbgrader.preprocessors.ClearOutput", "nbgrader.preprocessors.DeduplicateIds",
     "nbgrader.preprocessors.OverwriteKernelspec", "mha_lab.instructor.autograde.ReleasedCellsUnchanged",
     "nbgrader.preprocessors.CheckCellMetadata"]
+
+# Feedback (`nbgrader generate_feedback`, formgrader's button, `make grade`): the mha_feedback page, with what the
+# students wrote or displayed sanitised, so that no script of theirs runs when you open it.
+for name, value in feedback_exporter().items():
+    setattr(c.HTMLExporter, name, value)
 
 # Late work: submission times from timestamp.txt, due dates from the gradebook, extensions.csv.
 # nbgrader's policies: c.LateSubmissionPlugin.penalty_method = "none" (default) or "zero"; or a

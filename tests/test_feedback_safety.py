@@ -173,6 +173,19 @@ def test_the_feedback_html_holds_no_markup_of_the_student(hostile_feedback):
     assert "&lt;img src=x onerror=" in page  # the exception's name, as text, in the "Not counted" note
 
 
+@pytest.mark.slow
+def test_stock_generate_feedback_sanitises_too(hostile_feedback):
+    """``nbgrader generate_feedback`` typed by the instructor (or formgrader's button) reads ``nbgrader_config.py``,
+    which gives it the same exporter as ``make grade``: the student's markup is gone there too."""
+    root = hostile_feedback.parents[3]
+    hostile_feedback.unlink()
+    assert course.nbgrader(root, "generate_feedback", "hw", "--force").returncode == 0
+    markup = _Markup()
+    markup.feed(hostile_feedback.read_text())
+    assert markup.risky == []
+    assert not {"script", "iframe"} & set(markup.tags[markup.tags.index("body"):])
+
+
 def test_the_sanitiser_keeps_what_feedback_needs():
     kept = clean_html('<h2 id="a">T<a class="anchor-link" href="#a">#</a></h2><p>$a &lt; b$ <code>x</code></p>'
                       '<div class="highlight"><pre><span class="k">def</span></pre></div><table><tr><td>1</td></tr>'
@@ -289,13 +302,13 @@ def test_nbgrader_export_and_similarity_csv_neutralise_ids(tmp_path, monkeypatch
 @needs_chromium
 def test_a_hostile_class_graded_for_real_attacks_nobody(tmp_path, monkeypatch):
     """Students ``=2+5`` and ``@SUM(1+1)`` hand in the ``demo`` assignment of test_term, one with a markdown cell
-    of scripts and a print of HTML: ``python -m mha_lab.grading`` grades both; the grade sheet, the long and
+    of scripts and a print of HTML: ``python -m mha_lab grade`` grades both; the grade sheet, the long and
     Canvas exports and similarity.csv hold no formula, and the feedback page runs no script."""
     from test_grading_batch import HIDDEN, source_notebook
     from test_term import DUE, GOOD, _submit
 
-    from mha_lab.grading import __main__ as grading_cli
     from mha_lab.grading.judge import HIDDEN_DIR_ENV
+    from mha_lab.instructor import grade as grading_cli
 
     monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")  # nbgrader's alembic
     monkeypatch.setenv(HIDDEN_DIR_ENV, str(tmp_path / "hidden"))

@@ -28,7 +28,6 @@ import numpy as np
 import pytest
 from test_grading_batch import HIDDEN, source_notebook
 
-from mha_lab.grading import __main__ as cli
 from mha_lab.grading import batch, checks, judge
 from mha_lab.grading import course as courses
 from mha_lab.grading.judge import HIDDEN_DIR_ENV
@@ -36,6 +35,7 @@ from mha_lab.grading.remote import REPLY_TEXT, REPLY_VALUES, Extent, RemoteSubmi
 from mha_lab.grading.sandbox import Limits
 from mha_lab.grading.worker import decode, encode, frame, read_message
 from mha_lab.instructor import classroom
+from mha_lab.instructor import grade as cli
 
 MiB = 2**20
 GRADER_PEAK = 64 * MiB  # what grading one hostile submission may add to the grader's process, at most
@@ -201,7 +201,7 @@ CLASS = {  # student -> (answer, what timestamp.txt is: text or bytes, "dir", "l
 
 @pytest.fixture(scope="module")
 def broken_class(tmp_path_factory: pytest.TempPathFactory):
-    """The class, graded by ``python -m mha_lab.grading demo``; returns (root, summary, wall seconds, exit code)."""
+    """The class, graded by ``python -m mha_lab grade demo``; returns (root, summary, wall seconds, exit code)."""
     root = tmp_path_factory.mktemp("broken_class")
     (root / "hidden").mkdir()
     (root / "hidden" / "test_demo.py").write_text(HIDDEN + JUDGE_HANGS)

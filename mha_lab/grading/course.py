@@ -22,7 +22,7 @@ import nbformat
 from mha_lab.grading import safe_html
 
 __all__ = ["COURSE_ID", "use_own_scripts", "nbgrader", "gradebook", "students", "id_problem", "assignments",
-           "register", "release_files", "locate", "submitted_notebook", "merge", "feedback"]
+           "register", "release_files", "locate", "submitted_notebook", "merge", "feedback_exporter", "feedback"]
 
 COURSE_ID = "mha_lab"  # as in nbgrader_config.py
 MAX_NOTEBOOK_BYTES = 20 * 2**20
@@ -181,17 +181,28 @@ def merge(release: nbformat.NotebookNode, submitted: nbformat.NotebookNode) -> n
 FEEDBACK_TEMPLATES = Path(__file__).with_name("templates")  # mha_feedback: nbgrader's, made for reading
 
 
+def feedback_exporter() -> dict[str, Any]:
+    """The HTMLExporter settings of every feedback page (``make grade``, ``nbgrader generate_feedback``, formgrader's
+    button; ``nbgrader_config.py`` sets them): the ``mha_feedback`` template, and what the students wrote or
+    displayed sanitised (``safe_html``)."""
+    nbgrader_dir = Path(importlib.util.find_spec("nbgrader").origin).parent
+    return {"template_name": "mha_feedback", "template_file": "feedback.html.j2", "sanitize_html": True,
+            "filters": {"clean_html": safe_html.FILTER},
+            "extra_template_basedirs": [str(FEEDBACK_TEMPLATES),
+                                        str(nbgrader_dir / "server_extensions" / "formgrader" / "templates")]}
+
+
 def feedback(course: Path, assignment: str, who: list[str]) -> str:
-    """``nbgrader generate_feedback`` for these students, with the ``mha_feedback`` template and what the students
-    wrote or displayed sanitised (``safe_html``); '' or what went wrong."""
+    """``nbgrader generate_feedback`` for these students, with ``feedback_exporter``'s settings; '' or what went
+    wrong."""
     if not who:
         return ""
-    nbgrader_dir = Path(importlib.util.find_spec("nbgrader").origin).parent
-    bases = [str(FEEDBACK_TEMPLATES), str(nbgrader_dir / "server_extensions" / "formgrader" / "templates")]
+    settings = feedback_exporter()
     proc = nbgrader(Path(course), "generate_feedback", assignment, "--force",
-                    "--HTMLExporter.template_name=mha_feedback", "--HTMLExporter.template_file=feedback.html.j2",
-                    "--HTMLExporter.sanitize_html=True", f"--HTMLExporter.filters=clean_html={safe_html.FILTER}",
-                    *(f"--HTMLExporter.extra_template_basedirs={b}" for b in bases),
+                    *(f"--HTMLExporter.{k}={v}" for k, v in settings.items() if k not in ("filters",
+                                                                                     "extra_template_basedirs")),
+                    *(f"--HTMLExporter.filters={k}={v}" for k, v in settings["filters"].items()),
+                    *(f"--HTMLExporter.extra_template_basedirs={b}" for b in settings["extra_template_basedirs"]),
                     "--CourseDirectory.student_id_exclude="
                     + ",".join(s for s in students(course) if s not in who and not id_problem(s)))
     return "" if proc.returncode == 0 else f"generate_feedback failed: {proc.stderr.strip()[-300:]}"
