@@ -525,3 +525,12 @@ def test_the_report_page_renders_offline_in_chromium(small_class):
     assert requests == [page_path.as_uri()], f"the page loads more than itself: {requests}"
     assert figure and figure["width"] > 300 and figure["height"] > 150, figure
     assert bars > 5 and heading == "Class report: hw"
+
+
+def test_markdown_rows_hold_students_text_as_text():
+    """report.md puts ids and check messages in table cells: a student id with markup, a pipe or a line break
+    stays text in its own cell (as index.html escapes it)."""
+    row = report._md_row(["<img src=x onerror=alert(1)>", "a|b", "two\nlines `code`", "3"])
+    assert "<img" not in row and "&lt;img src=x onerror=alert(1)&gt;" in row
+    assert row.replace("\\|", "").count("|") == 5 and "\n" not in row  # four cells, one line
+    assert row.endswith("| 3 |")

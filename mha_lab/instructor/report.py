@@ -286,6 +286,13 @@ def _group_label(g: Mapping) -> str:
     return " + ".join(g["bugs"])
 
 
+def _md_row(cells: Sequence[str]) -> str:
+    """One row of a markdown table whose cells hold students' text (ids, messages) as text: no markup, no cell
+    break, no line break."""
+    text = (html.escape(" ".join(str(c).split())).replace("|", "\\|").replace("`", "&#96;") for c in cells)
+    return "| " + " | ".join(text) + " |"
+
+
 def _markdown(data: ClassData, counts: dict, stats: list, groups: list, flagged: list) -> str:
     finals, totals = list(data.finals.values()), list(data.totals.values())
     lines = [f"# Class report: {data.assignment}", "",
@@ -296,18 +303,18 @@ def _markdown(data: ClassData, counts: dict, stats: list, groups: list, flagged:
              f"{data.max_score:g}, after late penalties).]"
              "(scores.svg)", "", "## Tests cells", "", "| cell | task | points | pass rate | discrimination |",
              "|---|---|---|---|---|"]
-    lines += ["| " + " | ".join(row) + " |" for row in _table_rows(stats)]
+    lines += [_md_row(row) for row in _table_rows(stats)]
     lines += ["", "## Misconceptions", "", "| students | task | bug | what the checks say | who |",
               "|---|---|---|---|---|"]
-    lines += [f"| {len(g['students'])} | {g['task']} | {_group_label(g)} | "
-              f"{'; '.join(g['says'].values()).replace('|', '/')} | {', '.join(g['students'])} |" for g in groups]
+    lines += [_md_row([str(len(g["students"])), g["task"], _group_label(g), "; ".join(g["says"].values()),
+                       ", ".join(g["students"])]) for g in groups]
     lines += ["", f"## Similarity (flagged at {similarity.THRESHOLD:g} or above; all pairs in similarity.csv)", "",
               "| student a | student b | similarity |", "|---|---|---|"]
-    lines += [f"| {p.student_a} | {p.student_b} | {p.similarity:.2f} |" for p in flagged] or ["| none | | |"]
+    lines += [_md_row([p.student_a, p.student_b, f"{p.similarity:.2f}"]) for p in flagged] or ["| none | | |"]
     if data.late:
         lines += ["", "## Late", "", "| student | hours late | raw score | penalty | final score |",
                   "|---|---|---|---|---|"]
-        lines += ["| " + " | ".join(row) + " |" for row in _late_rows(data)]
+        lines += [_md_row(row) for row in _late_rows(data)]
     return "\n".join(lines) + "\n"
 
 
