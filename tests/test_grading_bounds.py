@@ -120,11 +120,13 @@ def test_a_reference_computes_only_at_the_sizes_of_its_call(tmp_path):
         out, peak = _peak(big)
         assert out.shape == (64, 64) and peak < 8 * MiB, peak / MiB  # outer at 16,384 would be 2 GiB
         said = student.remote_call("said", (), {}, measure=False, replace={})[0]
-        assert said and "only at the sizes of the call it was given to" in said[0], said
-    extent = Extent.of([np.ones((2, 8, 4)), np.ones((4, 4))])  # one more axis is admitted, not two, nor more elements
-    assert extent.admits([np.ones((2, 8, 4)), np.ones((1, 2, 8, 4))]) and not extent.admits([np.ones((1,) * 5)])
-    assert not extent.admits([np.ones((3, 8, 4))])
-    assert not extent.admits([np.ones((9, 1))]) and not extent.admits([np.ones((8, 9))])  # an axis too long
+        assert said and "only near the sizes of the call it was given to" in said[0], said
+    extent = Extent(elements=200_000, axis=100, ndim=3)  # one more axis is admitted, not two; 16x the elements
+    assert extent.admits([np.ones((2, 100, 4)), np.ones((1, 2, 400, 4))]) and not extent.admits([np.ones((1,) * 5)])
+    assert extent.admits([np.ones((8, 400, 400))]) and not extent.admits([np.ones((21, 400, 400))])  # elements
+    assert not extent.admits([np.ones((401, 1))]) and not extent.admits([np.ones((8, 401))])  # an axis too long
+    small = Extent.of([np.ones((2, 8, 4)), np.ones((4, 4))])  # a small call: its reference still works to 64
+    assert small.admits([np.ones((2, 64, 4))]) and not small.admits([np.ones((2, 65, 4))])
 
 
 # --- hostile submissions against the grader's process --------------------------------------------

@@ -27,11 +27,17 @@ REPLY_TEXT = 16 * 2**20  # bytes of an answer's JSON line (its arrays travel bes
 REPLY_VALUES = 200_000  # lists, objects and items in an answer's JSON line, checked before it is parsed
 
 
+GROWTH, REACH = 16, 4  # how much larger than the call's own arrays a reference's may be (elements, longest axis)
+FLOOR_ELEMENTS, FLOOR_AXIS = 1 << 16, 64  # ... and always this large: a reference costs at most milliseconds
+
+
 @dataclasses.dataclass(frozen=True)
 class Extent:
-    """The sizes of the call in progress. The reference it hands to the student's code computes on arrays no larger
-    (as many elements, no longer axis, at most one axis more), so that whatever the code asks for, what the
-    reference broadcasts or multiplies out (``axis ** (ndim + 1)`` elements at most) costs what the check's do."""
+    """The sizes of the call in progress. The reference it hands to the student's code computes on arrays of about
+    those sizes (at most ``GROWTH`` times the elements and ``REACH`` times the longest axis, or ``FLOOR_ELEMENTS``
+    and ``FLOOR_AXIS``, with at most one axis more), so that whatever the code asks for, what the reference
+    broadcasts or multiplies out costs a small multiple of what the check's call does, while a student's code
+    may still call it on what it built from its inputs (all the cached keys of a sequence, say)."""
 
     elements: int = 0
     axis: int = 0
@@ -42,8 +48,13 @@ class Extent:
         return cls(max((a.size for a in arrays), default=0), max((max(a.shape, default=1) for a in arrays), default=0),
                    max((a.ndim for a in arrays), default=0))
 
+    def bounds(self) -> tuple[int, int]:
+        """The most elements, and the longest axis, of an array the reference computes on."""
+        return max(GROWTH * self.elements, FLOOR_ELEMENTS), max(REACH * self.axis, FLOOR_AXIS)
+
     def admits(self, arrays: Sequence[np.ndarray]) -> bool:
-        return all(a.size <= self.elements and max(a.shape, default=1) <= self.axis and a.ndim <= self.ndim + 1
+        elements, axis = self.bounds()
+        return all(a.size <= elements and max(a.shape, default=1) <= axis and a.ndim <= self.ndim + 1
                    for a in arrays)
 
 
@@ -112,9 +123,10 @@ class RemoteSubmission:
             return {"ok": False, "message": f"`{message.get('name')}` is answered by the grader only during the "
                                             "call it was given to"}, arrays
         if not self.extent.admits(arrays):
-            return {"ok": False, "message": f"`{message.get('name')}` is answered only at the sizes of the call it "
-                                            f"was given to (arrays of at most {self.extent.elements} elements and "
-                                            f"{self.extent.ndim + 1} axes, each of at most {self.extent.axis})"}, arrays
+            (elements, axis), axes = self.extent.bounds(), self.extent.ndim + 1
+            return {"ok": False, "message": f"`{message.get('name')}` is answered only near the sizes of the call it "
+                                            f"was given to (arrays of at most {elements} elements and {axes} axes, "
+                                            f"each of at most {axis})"}, arrays
         module, _, func = path.rpartition(".")
         try:
             args, kwargs = decode(message["arguments"], arrays, lambda i: self._student_callable(i, arrays))

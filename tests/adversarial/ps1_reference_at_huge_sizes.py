@@ -2,9 +2,9 @@
 attend over L = 16,384: its (L, L) weights would take 2 GiB in the grader's own process, outside the sandbox's
 caps. Then compute the loop honestly.
 
-Stopped by: the reference answers only at the sizes of the call it was given to (no array larger, no axis
-longer than the check's own); the refused call raises in the student's code, the grader's memory stays flat,
-and the honest loop keeps its points.
+Stopped by: the reference answers only near the sizes of the call it was given to (at most 16 times its
+elements, 4 times its longest axis, or 64); the refused call raises in the student's code, the grader's memory
+stays flat, and the honest loop keeps its points.
 """
 
 ASSIGNMENT = "ps1_per_head_loop"
