@@ -118,7 +118,8 @@ def test_course_init_refuses_the_checkout_and_a_second_init_and_due_moves_a_date
     ignored = (course / ".gitignore").read_text().split()
     assert {"submitted/", "gradebook.db", "feedback/", "reports/", "grades_*.csv", "canvas_*.csv"} <= set(ignored)
     assert 'c.PerDayPenalty.per_day = 0.1' in (course / "nbgrader_config.py").read_text()
-    assert sorted(p.name for p in (course / "assignments").glob("*/expected.npz")) == ["expected.npz"] * 4
+    released = sorted(p.parent.name for p in (REPO / "assignments").glob("*/expected.npz"))
+    assert sorted(p.parent.name for p in (course / "assignments").glob("*/expected.npz")) == released
     assert main(["due", "ps2_mqa", "2026-12-01 17:00:00 UTC", "--course", str(course)]) == 0
     assert main(["due", "ps2_mqa", "2026-12-03 09:30:00 UTC", "--course", str(course)]) == 0
     assert "due 2026-12-03 09:30:00 UTC (was 2026-12-01 17:00:00 UTC)" in capsys.readouterr().out

@@ -16,6 +16,7 @@ __all__ = ["plot_tile_state", "plot_traffic_vs_fast_memory", "traffic_table"]
 
 _LABELS = {"standard": "standard (S, P in slow memory)", "flash1": "FlashAttention (K/V outer)",
            "flash2": "FlashAttention-2 (Q outer)"}
+_SHORT = {"standard": "standard", "flash1": "FlashAttention", "flash2": "FlashAttention-2"}  # in the table
 
 
 def plot_tile_state(Q: np.ndarray, K: np.ndarray, V: np.ndarray, sram: int) -> Figure:
@@ -78,9 +79,9 @@ def plot_traffic_vs_fast_memory(L: int, d_k: int, srams: Sequence[int], dtype: s
 def traffic_table(L: int, d_k: int, srams: Sequence[int], seed: int = 0,
                   cases: Sequence[tuple[str, str]] | None = None) -> str:
     """Slow-memory traffic of one head's forward (elements) for each (algorithm, tiling) and fast-memory size:
-    the closed form of ``traffic_breakdown`` next to the count of ``simulate_traffic`` on random Q, K, V (L, d_k),
-    the blocks (outer x inner rows) and the largest working set the simulation held. By default every algorithm
-    with the paper's tiles, then FlashAttention-2 with square ones."""
+    the closed form of ``traffic_breakdown`` and how far the count of ``simulate_traffic`` on random Q, K, V
+    (L, d_k) is from it, the blocks (outer x inner rows) and the largest working set the simulation held. By
+    default every algorithm with the paper's tiles, then FlashAttention-2 with square ones."""
     Q, K, V = np.random.default_rng(seed).standard_normal((3, L, d_k))
     cases = cases or [*((a, "paper") for a in ALGORITHMS), ("flash2", "square")]
     rows = []
@@ -92,8 +93,9 @@ def traffic_table(L: int, d_k: int, srams: Sequence[int], seed: int = 0,
             counted = sum(sim.reads.values()) + sum(sim.writes.values())
             sp = sum(c.get(a, 0) for c in (formula["reads"], formula["writes"]) for a in "SP")
             outer, inner = tile_shape(d_k, M, tiling)
-            rows.append((f"{M:,}", f"{outer} x {inner} ({tiling})", _LABELS[algorithm], f"{total:,}", f"{counted:,}",
-                         f"{sp / total:.0%}", f"{sim.peak:,}",
+            name = _SHORT[algorithm] + (" (square)" if tiling == "square" else "")
+            rows.append((f"{M:,}", f"{outer} x {inner}", name,
+                         f"{total:,}", f"{counted - total:,}", f"{sp / total:.0%}", f"{sim.peak:,}",
                          f"{hbm_traffic(L, d_k, M, algorithm, tiling=tiling) / 2**20:.1f}"))
-    return markdown_table(["fast memory (elements)", "blocks (rows)", "algorithm", "formula (elements)",
-                           "simulated (elements)", "S and P", "working set", "fp16 (MiB)"], rows)
+    return markdown_table(["M_SRAM", "tiles", "algorithm", "formula (elements)", "simulated - formula", "S and P",
+                           "working set", "fp16 MiB"], rows)
