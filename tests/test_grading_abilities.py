@@ -33,9 +33,10 @@ class FakeClient:
 
 @pytest.mark.parametrize(("workers", "measures", "require", "needs"), [
     ({"a": SOUND, "b": UNMEASURED}, True, False, {abilities.MEMORY: 1}),  # memory checks: only where measured
-    ({"a": SOUND, "b": UNMEASURED}, False, False, {abilities.SANDBOX: 1}),  # no memory check: any sandbox
-    ({"b": UNMEASURED}, True, False, {abilities.SANDBOX: 1}),  # graded, the memory cells left to the instructor
-    ({"a": SOUND, "c": NO_SANDBOX}, False, True, {abilities.SANDBOX: 1}),
+    ({"a": SOUND, "b": UNMEASURED}, False, False, {}),  # no memory check: every worker will do
+    ({"b": UNMEASURED}, True, False, {}),  # graded, the memory cells left to the instructor
+    ({"a": SOUND, "c": NO_SANDBOX}, False, True, {abilities.SANDBOX: 1}),  # only where a sandbox can be made
+    ({"a": SOUND, "d": SOUND}, True, True, {}),
 ])
 def test_tasks_ask_for_what_the_checks_need(workers, measures, require, needs):
     assert abilities.place(FakeClient(workers), sandbox.Limits(), measures=measures, require_memory=require)[0] == needs

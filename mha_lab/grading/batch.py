@@ -6,6 +6,7 @@ writes the gradebook, autograded notebooks and feedback, after the sandboxes.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -251,7 +252,7 @@ def grade_class(course: Path, assignment: str, *, students: Iterable[str] | None
         client.register_plugin(plugin)
         futures = {client.submit(_grade_held, transport.pack(course / "submitted" / s / assignment, limits.scratch),
                                  plugin.name, limits, student=s, queued_at=time.time(), pure=False, retries=1,
-                                 resources=needs): s
+                                 resources=needs or None): s
                    for s in names if s not in results}
         with tqdm(total=len(names), initial=len(results), desc=f"grade {assignment}", unit="submission",
                   disable=not progress) as bar:
@@ -267,10 +268,16 @@ def grade_class(course: Path, assignment: str, *, students: Iterable[str] | None
     return [results[s] for s in names]
 
 
+def _executing(dask_worker: Any) -> list[str]:
+    """On a Dask worker: the keys of the tasks it is running now (not those waiting there for a thread)."""
+    return [ts.key for ts in dask_worker.state.executing]
+
+
 def _as_graded(client: Any, futures: dict[Any, str], allowed: float) -> Iterator[tuple[str, StudentResult]]:
     """(student, result) of each future as it ends. One that has run ``allowed`` seconds (its sandbox's deadline
-    passed long ago: the grader's own work is what is stuck) is cancelled and its Dask worker restarted."""
-    pending, started = dict(futures), {}
+    passed long ago: the grader's own work is what is stuck) is cancelled and its Dask worker restarted. The
+    clock starts when a worker starts the task, not when the task is queued there."""
+    pending, started, polled = dict(futures), {}, 0.0
     while pending:
         done = [f for f in pending if f.done()]
         for future in done:
@@ -282,12 +289,15 @@ def _as_graded(client: Any, futures: dict[Any, str], allowed: float) -> Iterator
             future.release()  # its result is here now: a worker restarted later must not compute it again
             yield s, result
         now = time.monotonic()
-        for worker, keys in client.processing().items():
-            for future in [f for f in pending if f.key in keys]:
-                if now - started.setdefault(future, now) > allowed:
-                    s = pending.pop(future)
-                    client.cancel(future)
-                    client.restart_workers([worker], raise_for_error=False)
-                    yield s, StudentResult(s, error=f"grading ran {allowed:.0f} s without finishing: stopped")
+        if now - polled >= 1.0:  # a round trip to every worker: once a second is enough for deadlines of minutes
+            polled = now
+            for worker, keys in client.run(_executing, on_error="ignore").items():
+                for future in [f for f in pending if f.key in keys]:
+                    if now - started.setdefault(future, now) > allowed:
+                        s = pending.pop(future)
+                        client.cancel(future)
+                        with contextlib.suppress(Exception):  # a worker that is gone already needs no restart
+                            client.restart_workers([worker], raise_for_error=False)
+                        yield s, StudentResult(s, error=f"grading ran {allowed:.0f} s without finishing: stopped")
         if not done:
             time.sleep(0.2)

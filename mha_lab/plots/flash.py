@@ -97,5 +97,5 @@ def traffic_table(L: int, d_k: int, srams: Sequence[int], seed: int = 0,
             rows.append((f"{M:,}", f"{outer} x {inner}", name,
                          f"{total:,}", f"{counted - total:,}", f"{sp / total:.0%}", f"{sim.peak:,}",
                          f"{hbm_traffic(L, d_k, M, algorithm, tiling=tiling) / 2**20:.1f}"))
-    return markdown_table(["M_SRAM", "tiles", "algorithm", "formula (elements)", "simulated - formula", "S and P",
-                           "working set", "fp16 MiB"], rows)
+    return markdown_table(["M_SRAM", "tiles", "algorithm", "formula", "simulated − formula", "S and P",
+                           "working set", "MiB"], rows)
