@@ -37,9 +37,10 @@ class FakeClient:
     ({"b": UNMEASURED}, True, False, {}),  # graded, the memory cells left to the instructor
     ({"a": SOUND, "c": NO_SANDBOX}, False, True, {abilities.SANDBOX: 1}),  # only where a sandbox can be made
     ({"a": SOUND, "d": SOUND}, True, True, {}),
+    ({"a": SOUND, "c": NO_SANDBOX}, True, False, {abilities.MEMORY: 1}),  # c would measure, but has no sandbox
 ])
 def test_tasks_ask_for_what_the_checks_need(workers, measures, require, needs):
-    assert abilities.place(FakeClient(workers), sandbox.Limits(), measures=measures, require_memory=require)[0] == needs
+    assert abilities.place(FakeClient(workers), sandbox.Limits(), measures=measures, require_memory=require) == needs
 
 
 def test_a_class_no_worker_can_grade_is_refused_before_it_starts():
@@ -65,7 +66,7 @@ def test_real_workers_declare_their_resources_and_ps3_is_refused_without_a_measu
     not_delegated = tmp_path / "not_a_cgroup"
     not_delegated.mkdir()
     with batch.dask_client(jobs=1) as client:
-        needs, modes = abilities.place(client, sandbox.Limits(), measures=True)
+        abilities.place(client, sandbox.Limits(), measures=True)
         declared = client.run(lambda dask_worker: dict(dask_worker.state.total_resources))
         sound = sandbox.memory_mode(sandbox.Limits()).parent is not None
         assert list(declared.values()) == [{abilities.SANDBOX: 1.0, abilities.MEMORY: float(sound)}]

@@ -61,12 +61,11 @@ def _plugin(limits: sandbox.Limits) -> Any:
     return Declare()
 
 
-def place(client: Any, limits: sandbox.Limits, *, measures: bool, require_memory: bool = False
-          ) -> tuple[dict[str, float], str]:
-    """The resources each grading task of a class asks for, and the memory mode its workers use: workers that
-    measure when the class's checks do (``measures``) and one can, else any that can make a sandbox; none when
-    every worker qualifies (tasks with restrictions skip Dask's queue on the scheduler).
-    CannotGradeError when none can make one, or when none measures and ``require_memory``."""
+def place(client: Any, limits: sandbox.Limits, *, measures: bool, require_memory: bool = False) -> dict[str, float]:
+    """The resources each grading task of a class asks for: workers that measure when the class's checks do
+    (``measures``) and one can, else any that can make a sandbox; none when every worker qualifies (tasks with
+    restrictions skip Dask's queue on the scheduler). CannotGradeError when none can make one, or when none
+    measures and ``require_memory``."""
     client.register_plugin(_plugin(limits))  # runs on every worker now, and on each that joins later
     found: dict[str, Abilities] = client.run(lambda dask_worker: dask_worker.mha_lab_abilities)
     able = {w: a for w, a in found.items() if not a.sandbox}
@@ -74,12 +73,10 @@ def place(client: Any, limits: sandbox.Limits, *, measures: bool, require_memory
         raise CannotGradeError("no Dask worker can make a sandbox: "
                           + "; ".join(f"{w}: {a.sandbox}" for w, a in sorted(found.items())) if found
                           else "the cluster has no workers")
-    measuring = sorted({a.memory for a in able.values() if a.measures})
-    if measures and measuring:
-        every = all(a.measures for a in able.values()) and len(able) == len(found)
-        return ({} if every else {MEMORY: 1}), "; ".join(measuring)
-    modes = "; ".join(sorted({a.memory for a in able.values()}))
+    if measures and any(a.measures for a in able.values()):
+        return {} if all(not a.sandbox and a.measures for a in found.values()) else {MEMORY: 1}
     if measures and require_memory:
+        modes = "; ".join(sorted({a.memory for a in able.values()}))
         raise CannotGradeError(f"no Dask worker can measure memory ({modes}): grade as root on cgroup v1, or give "
                                "the workers a delegated cgroup v2 directory (--memory-cgroup DIR)")
-    return ({} if len(able) == len(found) else {SANDBOX: 1}), modes
+    return {} if len(able) == len(found) else {SANDBOX: 1}

@@ -246,7 +246,7 @@ def grade_class(course: Path, assignment: str, *, students: Iterable[str] | None
     results = {s: StudentResult(s, error=why) for s in names if (why := courses.id_problem(s))}
     recorded: list[str] = []
     with nullcontext(client) if client is not None else dask_client(jobs, scheduler) as client:
-        needs, _ = abilities.place(client, limits, measures=judge.measures_memory(hidden_path),
+        needs = abilities.place(client, limits, measures=judge.measures_memory(hidden_path),
                                    require_memory=require_memory)
         plugin = _on_worker(work)  # the release and hidden checks go to each worker once, not with each task
         client.register_plugin(plugin)
