@@ -21,8 +21,9 @@ import nbformat
 
 from mha_lab.grading import safe_html
 
-__all__ = ["COURSE_ID", "use_own_scripts", "nbgrader", "gradebook", "students", "id_problem", "assignments",
-           "register", "release_files", "locate", "submitted_notebook", "merge", "feedback_exporter", "feedback"]
+__all__ = ["COURSE_ID", "use_own_scripts", "nbgrader", "convert", "gradebook", "students", "id_problem",
+           "assignments", "register", "release_files", "locate", "submitted_notebook", "merge", "feedback_exporter",
+           "feedback"]
 
 COURSE_ID = "mha_lab"  # as in nbgrader_config.py
 MAX_NOTEBOOK_BYTES = 20 * 2**20
@@ -46,6 +47,37 @@ def nbgrader(course: Path, *args: str, timeout: float = 600) -> subprocess.Compl
     env = {**os.environ, "PATH": _with_own_scripts(os.environ.get("PATH", ""))}
     return subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=course, env=env, capture_output=True,
                           text=True, timeout=timeout, check=False)
+
+
+def convert(course: Path, converter: str, assignment: str, settings: dict[str, Any] | None = None) -> str:
+    """nbgrader's ``converter`` (``GenerateAssignment``, ``GenerateFeedback``) on ``assignment`` in this process, as
+    ``nbgrader generate_... <assignment> --force`` with ``settings`` ("Class.trait" -> value) on top of the course's
+    nbgrader_config.py, without another interpreter's start (seconds of imports per class graded). '' when it
+    worked, else its error and log. Converters change the working directory while they run: call from one thread.
+    """
+    import logging
+
+    import nbgrader.converters
+    from nbgrader.coursedir import CourseDirectory
+    from nbgrader.utils import capture_log
+    from traitlets.config import Config
+    from traitlets.config.loader import PyFileConfigLoader
+
+    use_own_scripts()
+    config = PyFileConfigLoader("nbgrader_config.py", path=str(course)).load_config()
+    extra = Config()
+    for name, value in {"CourseDirectory.root": str(Path(course).resolve()), **(settings or {})}.items():
+        owner, trait = name.split(".")
+        setattr(getattr(extra, owner), trait, value)
+    config.merge(extra)
+    log = logging.getLogger(f"mha_lab.nbgrader.{converter}")  # its messages go to the result, not to the terminal
+    log.propagate = False
+    coursedir = CourseDirectory(config=config)
+    coursedir.assignment_id = assignment
+    app = getattr(nbgrader.converters, converter)(coursedir=coursedir, config=config, log=log)
+    app.force = True
+    outcome = capture_log(app)
+    return "" if outcome["success"] else f"{outcome.get('error', '')}{outcome.get('log', '')}".strip()
 
 
 @contextlib.contextmanager
@@ -89,10 +121,10 @@ def register(course: Path, assignment: str) -> dict[str, nbformat.NotebookNode]:
     with tempfile.TemporaryDirectory(prefix="mha_lab_release_") as tmp:
         shutil.copy(course / "nbgrader_config.py", tmp)
         shutil.copytree(source, Path(tmp) / "solutions" / assignment)
-        proc = nbgrader(Path(tmp), "generate_assignment", assignment, "--force",
-                        f"--CourseDirectory.db_url=sqlite:///{course / 'gradebook.db'}", timeout=300)
-        if proc.returncode != 0:
-            raise RuntimeError(f"nbgrader generate_assignment {assignment} failed:\n{proc.stderr[-2000:]}")
+        failed = convert(Path(tmp), "GenerateAssignment", assignment,
+                         {"CourseDirectory.db_url": f"sqlite:///{course / 'gradebook.db'}"})
+        if failed:
+            raise RuntimeError(f"nbgrader generate_assignment {assignment} failed:\n{failed[-2000:]}")
         releases = sorted((Path(tmp) / "assignments" / assignment).glob("*.ipynb"))
         return {p.name: nbformat.read(p, as_version=4) for p in releases}
 
@@ -193,16 +225,12 @@ def feedback_exporter() -> dict[str, Any]:
 
 
 def feedback(course: Path, assignment: str, who: list[str]) -> str:
-    """``nbgrader generate_feedback`` for these students, with ``feedback_exporter``'s settings; '' or what went
-    wrong."""
+    """``nbgrader generate_feedback`` for these students (in this process, ``convert``), with ``feedback_exporter``'s
+    settings; '' or what went wrong."""
     if not who:
         return ""
-    settings = feedback_exporter()
-    proc = nbgrader(Path(course), "generate_feedback", assignment, "--force",
-                    *(f"--HTMLExporter.{k}={v}" for k, v in settings.items() if k not in ("filters",
-                                                                                     "extra_template_basedirs")),
-                    *(f"--HTMLExporter.filters={k}={v}" for k, v in settings["filters"].items()),
-                    *(f"--HTMLExporter.extra_template_basedirs={b}" for b in settings["extra_template_basedirs"]),
-                    "--CourseDirectory.student_id_exclude="
-                    + ",".join(s for s in students(course) if s not in who and not id_problem(s)))
-    return "" if proc.returncode == 0 else f"generate_feedback failed: {proc.stderr.strip()[-300:]}"
+    settings = {f"HTMLExporter.{k}": v for k, v in feedback_exporter().items()}
+    settings["CourseDirectory.student_id_exclude"] = ",".join(s for s in students(course)
+                                                              if s not in who and not id_problem(s))
+    failed = convert(Path(course), "GenerateFeedback", assignment, settings)
+    return failed and f"generate_feedback failed: {failed[-300:]}"
