@@ -34,13 +34,21 @@ from mha_lab.instructor.classroom import REPO, Attack, Student, Target
 
 ATTACKS = classroom.attacks()
 ASSIGNMENTS = sorted({a.assignment for a in ATTACKS})
-TIMEOUT = 30  # seconds per submission, the grader's --timeout
+TIMEOUT = 15  # seconds per submission, the grader's --timeout: ten times an honest ps3 on a busy machine
 MEMORY = 2 * 2**30  # bytes per submission, the grader's default cap
 LIMIT = 900  # seconds for one whole batch before it counts as stalled
 PROTECTED = ("mha_lab", "tests/hidden", "solutions", "assignments")  # the folders of this repository the grader trusts
 GRADER_OUTPUTS = re.compile(r"^(gradebook\.db.*|grades.*\.csv|feedback|autograded|reports|\.nbgrader\.log"
                             r"|dask-.*-space)$")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(LIMIT + 300)]
+
+
+def _in_batch(assignment: str, value: object, name: str) -> object:
+    """A parameter whose tests run in the pytest-xdist worker that grades ``assignment``'s batch."""
+    return pytest.param(value, id=name, marks=pytest.mark.xdist_group(f"adversarial-{assignment}"))
+
+
+BATCHES = [_in_batch(a, a, a) for a in ASSIGNMENTS]
 
 
 class Listener:
@@ -378,7 +386,7 @@ def _score(batch: Batch, student: str) -> tuple[float, float]:
     return float(rows[0]["score"]), float(rows[0]["max_score"])
 
 
-@pytest.mark.parametrize("assignment", ASSIGNMENTS)
+@pytest.mark.parametrize("assignment", BATCHES)
 def test_batch_finishes_with_one_row_per_student(batches, assignment):
     batch = batches(assignment)
     assert batch.finished, f"the batch did not finish within {LIMIT} s; {batch.where()}"
@@ -387,7 +395,7 @@ def test_batch_finishes_with_one_row_per_student(batches, assignment):
     assert all(len(rows) == 1 for rows in batch.rows.values()), f"duplicated rows: {batch.where()}"
 
 
-@pytest.mark.parametrize("assignment", ASSIGNMENTS)
+@pytest.mark.parametrize("assignment", BATCHES)
 def test_every_other_grade_is_exact(batches, assignment):
     batch = batches(assignment)
     assert batch.finished, batch.where()
@@ -399,27 +407,27 @@ def test_every_other_grade_is_exact(batches, assignment):
         assert batch.gradebook.get(name) == (s.expected, total), f"{name} ({s.kind}) in gradebook.db"
 
 
-@pytest.mark.parametrize("assignment", ASSIGNMENTS)
+@pytest.mark.parametrize("assignment", BATCHES)
 def test_no_file_outside_the_scratch_changed(batches, assignment):
     batch = batches(assignment)
     assert not batch.changed, f"changed during the {assignment} batch: {batch.changed[:20]}"
 
 
-@pytest.mark.parametrize("assignment", ASSIGNMENTS)
+@pytest.mark.parametrize("assignment", BATCHES)
 def test_no_process_outlives_the_batch(batches, assignment):
     batch = batches(assignment)
     leftover = [line for lines in batch.survivors.values() for line in lines] + batch.lingering
     assert not leftover, f"alive after the {assignment} batch: {leftover[:20]}"
 
 
-@pytest.mark.parametrize("assignment", ASSIGNMENTS)
+@pytest.mark.parametrize("assignment", BATCHES)
 def test_the_listener_received_nothing(batches, assignment):
     batch = batches(assignment)
     assert batch.connections == 0 and not batch.received, (
         f"{batch.connections} connections, {sum(map(len, batch.received))} bytes: {batch.received[:1]!r:.300}")
 
 
-@pytest.mark.parametrize("assignment", ASSIGNMENTS)
+@pytest.mark.parametrize("assignment", BATCHES)
 def test_no_feedback_shows_hidden_checks_solutions_or_peers(batches, assignment):
     batch = batches(assignment)
     release = classroom.read_notebook(batch.course, "assignments", assignment)
@@ -439,7 +447,7 @@ def test_no_feedback_shows_hidden_checks_solutions_or_peers(batches, assignment)
         assert not [p for p in peers if p in text], f"{name}'s feedback shows a classmate's notebook"
 
 
-@pytest.mark.parametrize("attack", ATTACKS, ids=lambda a: a.name)
+@pytest.mark.parametrize("attack", [_in_batch(a.assignment, a, a.name) for a in ATTACKS])
 def test_attack_is_contained(batches, attack):
     """Everything this attack could have done, checked for this attack alone; its score last."""
     batch = batches(attack.assignment)

@@ -20,12 +20,14 @@ from mha_lab.cuda import compiled, flash
 pytestmark = pytest.mark.skipif(flash._INTERPRET, reason="TRITON_INTERPRET=1 is set: nothing is compiled for a GPU")
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-CASES = list(itertools.product(compiled.ARCHITECTURES, DTYPES, (64, 128), (False, True)))
+# one pytest-xdist group per GPU and dtype: the builds take minutes in all, spread over the workers
+CASES = [pytest.param(a, dt, d, c, id=f"sm{a}-{str(dt)[6:]}-D{d}-{'causal' if c else 'full'}",
+                      marks=pytest.mark.xdist_group(f"triton-sm{a}-{str(dt)[6:]}"))
+         for a, dt, d, c in itertools.product(compiled.ARCHITECTURES, DTYPES, (64, 128), (False, True))]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("arch", "dtype", "head_dim", "causal"), CASES,
-                         ids=[f"sm{a}-{str(dt)[6:]}-D{d}-{'causal' if c else 'full'}" for a, dt, d, c in CASES])
+@pytest.mark.parametrize(("arch", "dtype", "head_dim", "causal"), CASES)
 def test_every_tile_candidate_builds_within_shared_memory_and_without_spills(arch, dtype, head_dim, causal):
     builds = compiled.build_tile_candidates(arch, dtype, head_dim, causal)
     assert [b.tile for b in builds] == flash.tile_candidates(dtype, head_dim)

@@ -227,18 +227,20 @@ def dask_client(jobs: int = 2, scheduler: str | None = None) -> Iterator[Any]:
 
 def grade_class(course: Path, assignment: str, *, students: Iterable[str] | None = None, client: Any = None,
                 jobs: int = 2, scheduler: str | None = None, limits: Limits = DEFAULT_LIMITS,
-                progress: bool = True, grace: float = GRACE_SECONDS, require_memory: bool = False,
+                progress: bool = True, grace: float | None = None, require_memory: bool = False,
                 before_feedback: Callable[[list[str]], Any] | None = None) -> list[StudentResult]:
     """Grade every submission of ``assignment`` (or only ``students``), record grades and feedback.
 
     Runs on ``client``, else on ``dask_client(jobs, scheduler)``. Each submission is recorded as soon as it is
-    graded; one still grading ``grace`` seconds past its deadline is stopped and recorded as not graded, with why,
-    as is a student id that cannot be one. Tasks go to workers that can make a sandbox, and to workers that
-    measure memory when the checks do (``abilities.place``: ``abilities.CannotGradeError`` before any grading when
-    there are none, or none measures and ``require_memory``). ``before_feedback`` is called with the recorded
-    students between the gradebook and the feedback (the term's late penalties go into both).
+    graded; one still grading ``grace`` seconds (default ``GRACE_SECONDS``) past its deadline is stopped and
+    recorded as not graded, with why, as is a student id that cannot be one. Tasks go to workers that can make a
+    sandbox, and to workers that measure memory when the checks do (``abilities.place``:
+    ``abilities.CannotGradeError`` before any grading when there are none, or none measures and
+    ``require_memory``). ``before_feedback`` is called with the recorded students between the gradebook and the
+    feedback (the term's late penalties go into both).
     """
     course = Path(course).resolve()
+    grace = GRACE_SECONDS if grace is None else grace
     hidden_path = judge.hidden_module(assignment, course)
     work = transport.Assignment(assignment, courses.register(course, assignment), hidden_path.read_text(),
                                 courses.release_files(course, assignment))
