@@ -4,8 +4,8 @@ The build starts in the background as soon as the tests are collected (when one 
 site), so that it overlaps the tests that run before the site's; ``built_site`` waits for it. Under
 pytest-xdist every worker collects: the first to claim the run's build folder starts the build, and
 whichever worker runs the site's tests waits for its exit status there; the controller, which outlives
-the workers, stops a build still running at the end. Tests are handed out in groups (a file, or a finer
-group its tests name), slow groups first and the site's last.
+the workers, stops a build still running at the end. Tests are handed out by file, or by class where a
+file has classes: slow units first, the site's last.
 """
 
 from __future__ import annotations
@@ -67,30 +67,27 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     (run / "pid").write_text(str(proc.pid))
 
 
-def _group(item: pytest.Item) -> str:
-    """The pytest-xdist group ``item`` runs in: its ``xdist_group`` mark, else its file."""
-    mark = item.get_closest_marker("xdist_group")
-    return str(mark.args[0] if mark and mark.args else mark.kwargs.get("name") if mark else item.path.name)
+def _unit(item: pytest.Item) -> str:
+    """The unit of work pytest-xdist hands a worker whole (``--dist loadscope``): the test's class, else its file."""
+    return f"{item.path.name}::{item.cls.__name__}" if item.cls else item.path.name
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Each test file runs whole in one worker (``--dist loadgroup``), so that a fixture built once per module (a
-    graded class, the browser) is built once, unless its tests name finer groups (one assignment's graded class).
-    Workers take groups in collection order (``--no-loadscope-reorder``): groups with slow tests first, those that
-    read the built site last (the book builds meanwhile), so that no long group starts alone at the end."""
+    """Each file, or each class of a file that has classes, runs whole in one worker, so that a fixture built once
+    per module or class (a graded class, the browser) is built once; the heaviest files split their work into
+    classes (one per assignment graded). Workers take the units in collection order (``--no-loadscope-reorder``):
+    units with slow tests first, those that read the built site last (the book builds meanwhile), so that no long
+    unit starts alone at the end."""
     first: dict[str, int] = {}
     rank: dict[str, int] = defaultdict(lambda: 1)
     for i, item in enumerate(items):
-        group = _group(item)
-        if not item.get_closest_marker("xdist_group"):
-            item.add_marker(pytest.mark.xdist_group(group))
-        first.setdefault(group, i)
+        unit = _unit(item)
+        first.setdefault(unit, i)
         if "built_site" in getattr(item, "fixturenames", ()):
-            rank[group] = 2
-        elif item.get_closest_marker("slow") and rank[group] == 1:
-            rank[group] = 0
-    items.sort(key=lambda item: (rank[_group(item)], first[_group(item)]))  # stable: each group keeps its order
+            rank[unit] = 2
+        elif item.get_closest_marker("slow") and rank[unit] == 1:
+            rank[unit] = 0
+    items.sort(key=lambda item: (rank[_unit(item)], first[_unit(item)]))  # stable: each unit keeps its order
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

@@ -9,6 +9,9 @@ tests/hidden/, solutions/ and assignments/), none of its processes survive (each
 or argv), the loopback listener received nothing, and no feedback shows a hidden check, a solution or
 a classmate's work. Whatever an attack writes into this repository (a file holding or naming its marker)
 is put back afterwards.
+
+Each assignment's checks are a class (``Attacked`` subclasses with their ``ASSIGNMENT``): pytest-xdist runs a class
+whole in one worker (``--dist loadscope``), which grades that assignment's batch once.
 """
 
 from __future__ import annotations
@@ -41,14 +44,6 @@ PROTECTED = ("mha_lab", "tests/hidden", "solutions", "assignments")  # the folde
 GRADER_OUTPUTS = re.compile(r"^(gradebook\.db.*|grades.*\.csv|feedback|autograded|reports|\.nbgrader\.log"
                             r"|dask-.*-space)$")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(LIMIT + 300)]
-
-
-def _in_batch(assignment: str, value: object, name: str) -> object:
-    """A parameter whose tests run in the pytest-xdist worker that grades ``assignment``'s batch."""
-    return pytest.param(value, id=name, marks=pytest.mark.xdist_group(f"adversarial-{assignment}"))
-
-
-BATCHES = [_in_batch(a, a, a) for a in ASSIGNMENTS]
 
 
 class Listener:
@@ -367,17 +362,17 @@ def grade_batch(root: Path, assignment: str) -> Batch:
     return batch
 
 
-@pytest.fixture(scope="module")
-def batches(tmp_path_factory: pytest.TempPathFactory):
-    """assignment -> its graded Batch, graded the first time a test asks for it."""
-    done: dict[str, Batch] = {}
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A class's attacks (``attack``): those on its assignment."""
+    if "attack" in metafunc.fixturenames:
+        chosen = [a for a in ATTACKS if a.assignment == metafunc.cls.ASSIGNMENT]
+        metafunc.parametrize("attack", chosen, ids=[a.name for a in chosen])
 
-    def get(assignment: str) -> Batch:
-        if assignment not in done:
-            done[assignment] = grade_batch(tmp_path_factory.mktemp(assignment), assignment)
-        return done[assignment]
 
-    return get
+@pytest.fixture(scope="class")
+def batch(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Batch:
+    """The class's assignment graded as a batch, with everything observed around it."""
+    return grade_batch(tmp_path_factory.mktemp(request.cls.ASSIGNMENT), request.cls.ASSIGNMENT)
 
 
 def _score(batch: Batch, student: str) -> tuple[float, float]:
@@ -386,81 +381,87 @@ def _score(batch: Batch, student: str) -> tuple[float, float]:
     return float(rows[0]["score"]), float(rows[0]["max_score"])
 
 
-@pytest.mark.parametrize("assignment", BATCHES)
-def test_batch_finishes_with_one_row_per_student(batches, assignment):
-    batch = batches(assignment)
-    assert batch.finished, f"the batch did not finish within {LIMIT} s; {batch.where()}"
-    assert batch.returncode == 0, batch.where()
-    assert sorted(batch.rows) == sorted(batch.students), batch.where()
-    assert all(len(rows) == 1 for rows in batch.rows.values()), f"duplicated rows: {batch.where()}"
+class Attacked:
+    """The checks of one assignment's batch; a subclass per assignment names it (``ASSIGNMENT``)."""
+
+    ASSIGNMENT = ""
+
+    def test_batch_finishes_with_one_row_per_student(self, batch):
+        assert batch.finished, f"the batch did not finish within {LIMIT} s; {batch.where()}"
+        assert batch.returncode == 0, batch.where()
+        assert sorted(batch.rows) == sorted(batch.students), batch.where()
+        assert all(len(rows) == 1 for rows in batch.rows.values()), f"duplicated rows: {batch.where()}"
+
+    def test_every_other_grade_is_exact(self, batch):
+        assert batch.finished, batch.where()
+        total = sum(classroom.points(classroom.read_notebook(batch.course, "solutions", self.ASSIGNMENT)).values())
+        for name, s in batch.students.items():
+            if s.kind == "hostile":
+                continue
+            assert _score(batch, name) == (s.expected, total), f"{name} ({s.kind}) in the CSV; {batch.where()}"
+            assert batch.gradebook.get(name) == (s.expected, total), f"{name} ({s.kind}) in gradebook.db"
+
+    def test_no_file_outside_the_scratch_changed(self, batch):
+        assert not batch.changed, f"changed during the {self.ASSIGNMENT} batch: {batch.changed[:20]}"
+
+    def test_no_process_outlives_the_batch(self, batch):
+        leftover = [line for lines in batch.survivors.values() for line in lines] + batch.lingering
+        assert not leftover, f"alive after the {self.ASSIGNMENT} batch: {leftover[:20]}"
+
+    def test_the_listener_received_nothing(self, batch):
+        assert batch.connections == 0 and not batch.received, (
+            f"{batch.connections} connections, {sum(map(len, batch.received))} bytes: {batch.received[:1]!r:.300}")
+
+    def test_no_feedback_shows_hidden_checks_solutions_or_peers(self, batch):
+        release = classroom.read_notebook(batch.course, "assignments", self.ASSIGNMENT)
+        handed_out = "\n".join(c.source for c in release.cells)  # what every student may see anyway
+        hidden = {ln for ln in _code_lines((REPO / "tests" / "hidden" / f"test_{self.ASSIGNMENT}.py").read_text())
+                  if ln not in handed_out}
+        solution = classroom.read_notebook(batch.course, "solutions", self.ASSIGNMENT)
+        answers = {ln for ln in _code_lines("\n".join(c.source for c in solution.cells
+                                                      if c.metadata.get("nbgrader", {}).get("solution")))
+                   if ln not in handed_out}
+        for name, s in batch.students.items():
+            text, own = batch.feedback(name), batch.submitted(name)  # a student may see what it wrote itself
+            assert not [ln for ln in hidden if ln in text and ln not in own], f"{name}'s feedback shows tests/hidden/"
+            if s.kind in ("blank", "hostile"):  # the others hand in (most of) the solution themselves
+                shown = [ln for ln in answers if ln in text and ln not in own]
+                assert not shown, f"{name}'s feedback shows the solution"
+            peers = [secret for peer, secret in batch.secrets.items() if peer != name]
+            assert not [p for p in peers if p in text], f"{name}'s feedback shows a classmate's notebook"
+
+    def test_attack_is_contained(self, batch, attack):
+        """Everything this attack could have done, checked for this attack alone; its score last."""
+        student = f"attack-{attack.name}"
+        marker = batch.markers[student]
+        assert batch.finished, f"{attack.name}: the batch did not finish; {batch.where()}"
+        held = batch.memory[student]
+        assert held <= MEMORY + 2**26, f"{attack.name}: its processes held {held / 2**30:.1f} GiB at once, over the cap"
+        assert not batch.survivors[student], f"{attack.name}: alive after the batch: {batch.survivors[student]}"
+        assert not [r for r in batch.received if marker.encode() in r], f"{attack.name} reached the loopback listener"
+        assert not batch.planted[student], f"{attack.name} left files behind: {batch.planted[student]}"
+        assert not batch.written[student], f"{attack.name} wrote outside its scratch: {batch.written[student]}"
+        score, _ = _score(batch, student)
+        deserved = batch.students[student].expected  # the blank release's 0, or what its honest part earns
+        assert score <= deserved, f"{attack.name} ({attack.summary}) scored {score} in the CSV; it deserves {deserved}"
+        assert batch.gradebook.get(student, (0.0, 0.0))[0] <= deserved, f"{attack.name} scored more in gradebook.db"
 
 
-@pytest.mark.parametrize("assignment", BATCHES)
-def test_every_other_grade_is_exact(batches, assignment):
-    batch = batches(assignment)
-    assert batch.finished, batch.where()
-    total = sum(classroom.points(classroom.read_notebook(batch.course, "solutions", assignment)).values())
-    for name, s in batch.students.items():
-        if s.kind == "hostile":
-            continue
-        assert _score(batch, name) == (s.expected, total), f"{name} ({s.kind}) in the CSV; {batch.where()}"
-        assert batch.gradebook.get(name) == (s.expected, total), f"{name} ({s.kind}) in gradebook.db"
+class TestPs1PerHeadLoop(Attacked):
+    ASSIGNMENT = "ps1_per_head_loop"
 
 
-@pytest.mark.parametrize("assignment", BATCHES)
-def test_no_file_outside_the_scratch_changed(batches, assignment):
-    batch = batches(assignment)
-    assert not batch.changed, f"changed during the {assignment} batch: {batch.changed[:20]}"
+class TestPs2Mqa(Attacked):
+    ASSIGNMENT = "ps2_mqa"
 
 
-@pytest.mark.parametrize("assignment", BATCHES)
-def test_no_process_outlives_the_batch(batches, assignment):
-    batch = batches(assignment)
-    leftover = [line for lines in batch.survivors.values() for line in lines] + batch.lingering
-    assert not leftover, f"alive after the {assignment} batch: {leftover[:20]}"
+class TestPs3MemoryEfficient(Attacked):
+    ASSIGNMENT = "ps3_memory_efficient"
 
 
-@pytest.mark.parametrize("assignment", BATCHES)
-def test_the_listener_received_nothing(batches, assignment):
-    batch = batches(assignment)
-    assert batch.connections == 0 and not batch.received, (
-        f"{batch.connections} connections, {sum(map(len, batch.received))} bytes: {batch.received[:1]!r:.300}")
+class TestPs4Backward(Attacked):
+    ASSIGNMENT = "ps4_backward"
 
 
-@pytest.mark.parametrize("assignment", BATCHES)
-def test_no_feedback_shows_hidden_checks_solutions_or_peers(batches, assignment):
-    batch = batches(assignment)
-    release = classroom.read_notebook(batch.course, "assignments", assignment)
-    handed_out = "\n".join(c.source for c in release.cells)  # what every student may see anyway
-    hidden = {ln for ln in _code_lines((REPO / "tests" / "hidden" / f"test_{assignment}.py").read_text())
-              if ln not in handed_out}
-    solution = classroom.read_notebook(batch.course, "solutions", assignment)
-    answers = {ln for ln in _code_lines("\n".join(c.source for c in solution.cells
-                                                  if c.metadata.get("nbgrader", {}).get("solution")))
-               if ln not in handed_out}
-    for name, s in batch.students.items():
-        text, own = batch.feedback(name), batch.submitted(name)  # a student may see what it wrote itself
-        assert not [ln for ln in hidden if ln in text and ln not in own], f"{name}'s feedback shows tests/hidden/"
-        if s.kind in ("blank", "hostile"):  # the others hand in (most of) the solution themselves
-            assert not [ln for ln in answers if ln in text and ln not in own], f"{name}'s feedback shows the solution"
-        peers = [secret for peer, secret in batch.secrets.items() if peer != name]
-        assert not [p for p in peers if p in text], f"{name}'s feedback shows a classmate's notebook"
-
-
-@pytest.mark.parametrize("attack", [_in_batch(a.assignment, a, a.name) for a in ATTACKS])
-def test_attack_is_contained(batches, attack):
-    """Everything this attack could have done, checked for this attack alone; its score last."""
-    batch = batches(attack.assignment)
-    student = f"attack-{attack.name}"
-    marker = batch.markers[student]
-    assert batch.finished, f"{attack.name}: the batch did not finish; {batch.where()}"
-    held = batch.memory[student]
-    assert held <= MEMORY + 2**26, f"{attack.name}: its processes held {held / 2**30:.1f} GiB at once, over the cap"
-    assert not batch.survivors[student], f"{attack.name}: processes alive after the batch: {batch.survivors[student]}"
-    assert not [r for r in batch.received if marker.encode() in r], f"{attack.name} reached the loopback listener"
-    assert not batch.planted[student], f"{attack.name} left files behind: {batch.planted[student]}"
-    assert not batch.written[student], f"{attack.name} wrote outside its scratch: {batch.written[student]}"
-    score, _ = _score(batch, student)
-    deserved = batch.students[student].expected  # the blank release's 0, or what its honest part earns
-    assert score <= deserved, f"{attack.name} ({attack.summary}) scored {score} in the CSV; it deserves {deserved}"
-    assert batch.gradebook.get(student, (0.0, 0.0))[0] <= deserved, f"{attack.name} scored more in gradebook.db"
+def test_every_assignment_attacked_has_its_class():
+    assert sorted(c.ASSIGNMENT for c in Attacked.__subclasses__()) == ASSIGNMENTS

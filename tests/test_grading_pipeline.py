@@ -5,6 +5,9 @@ marks, the untouched release 0, and each mutant in ``tests/mutants/<assignment>.
 exactly the points of the tests cells it breaks, keep the rest, and get feedback naming its bug.
 Each correct variant in the same module (``VARIANTS``) is graded in the same batch and must get
 full marks. No feedback page may show a line of the hidden checks.
+
+Each assignment's checks are a class (``Class`` with its ``ASSIGNMENT``): pytest-xdist runs a class whole in
+one worker (``--dist loadscope``), which grades that assignment's class once.
 """
 
 from __future__ import annotations
@@ -45,49 +48,41 @@ def variant_student(index: int) -> str:
     return f"variant-{index:02d}"
 
 
-def _in_class(assignment: str, *values: object, name: str) -> object:
-    """A parameter whose tests run in the pytest-xdist worker that grades ``assignment``'s class."""
-    return pytest.param(*values, id=name, marks=pytest.mark.xdist_group(f"pipeline-{assignment}"))
-
-
-CLASSES = [_in_class(a, a, name=a) for a in ASSIGNMENTS]
-CASES = [_in_class(a, a, i, m, name=f"{a}-{m.name}") for a in ASSIGNMENTS for i, m in enumerate(mutants(a))]
-VARIANT_CASES = [_in_class(a, a, i, v, name=f"{a}-{v.name}") for a in ASSIGNMENTS for i, v in enumerate(variants(a))]
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A class's mutants (``index``, ``mutant``) and correct variants (``index``, ``variant``): its assignment's."""
+    a = getattr(metafunc.cls, "ASSIGNMENT", None)
+    for name, found in (("mutant", mutants(a) if a else []), ("variant", variants(a) if a else [])):
+        if name in metafunc.fixturenames:
+            metafunc.parametrize(("index", name), list(enumerate(found)), ids=[x.name for x in found])
 
 
 class Graded(dict):
-    """assignment -> {student: result}: each assignment's class is submitted to ``course`` and graded in sandboxes,
-    with feedback, the first time a test asks for it."""
+    """student -> result of one assignment's class, submitted to ``course`` and graded in sandboxes, with feedback."""
 
-    def __init__(self, course: Path, client) -> None:
-        super().__init__()
-        self.course, self.client = course, client
-
-    def __missing__(self, a: str) -> dict[str, batch.StudentResult]:
-        course = self.course
-        solution = nbformat.read(course / "solutions" / a / f"{a}.ipynb", as_version=4)
-        release = nbformat.read(REPO / "assignments" / a / f"{a}.ipynb", as_version=4)
-        for student in REFERENCE_STUDENTS:  # notebooks alone, as students hand them in
-            submit(course, student, a, fill_release(release, solution))
-        (course / "submitted" / REFERENCE_STUDENTS[1] / a / "expected.npz").write_bytes(b"not the release's")
-        submit(course, RELEASE_STUDENT, a, release)
-        for i, m in enumerate(mutants(a)):
-            edit = {m.grade_id: m.apply(answer_cell(solution, m.grade_id))}
-            submit(course, mutant_student(i), a, fill_release(release, solution, edit))
-        for i, v in enumerate(variants(a)):
-            submit(course, variant_student(i), a, fill_release(release, solution, dict(v.answers)))
-        self[a] = {r.student: r for r in batch.grade_class(course, a, client=self.client, progress=False)}
-        return self[a]
+    def __init__(self, course: Path, results: list[batch.StudentResult]) -> None:
+        super().__init__((r.student, r) for r in results)
+        self.course = course
 
 
-@pytest.fixture(scope="module")
-def graded(tmp_path_factory: pytest.TempPathFactory) -> Graded:
-    """A temporary course with no gradebook yet, and one Dask cluster for the classes graded there."""
-    course = tmp_path_factory.mktemp("course")
+@pytest.fixture(scope="class")
+def graded(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Graded:
+    """A temporary course with no gradebook yet: the class's assignment submitted, graded in sandboxes."""
+    a = request.cls.ASSIGNMENT
+    course = tmp_path_factory.mktemp(a)
     shutil.copy(REPO / "nbgrader_config.py", course)
-    shutil.copytree(REPO / "solutions", course / "solutions")
-    with batch.dask_client(jobs=2) as client:
-        yield Graded(course, client)
+    shutil.copytree(REPO / "solutions" / a, course / "solutions" / a)
+    solution = nbformat.read(course / "solutions" / a / f"{a}.ipynb", as_version=4)
+    release = nbformat.read(REPO / "assignments" / a / f"{a}.ipynb", as_version=4)
+    for student in REFERENCE_STUDENTS:  # notebooks alone, as students hand them in
+        submit(course, student, a, fill_release(release, solution))
+    (course / "submitted" / REFERENCE_STUDENTS[1] / a / "expected.npz").write_bytes(b"not the release's")
+    submit(course, RELEASE_STUDENT, a, release)
+    for i, m in enumerate(mutants(a)):
+        edit = {m.grade_id: m.apply(answer_cell(solution, m.grade_id))}
+        submit(course, mutant_student(i), a, fill_release(release, solution, edit))
+    for i, v in enumerate(variants(a)):
+        submit(course, variant_student(i), a, fill_release(release, solution, dict(v.answers)))
+    return Graded(course, batch.grade_class(course, a, jobs=2, progress=False))
 
 
 def feedback_text(course: Path, student: str, assignment: str) -> str:
@@ -97,104 +92,10 @@ def feedback_text(course: Path, student: str, assignment: str) -> str:
     return html.unescape(re.sub(r"<[^>]+>", "", text))
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("assignment", CLASSES)
-def test_reference_gets_full_marks(graded, assignment):
-    for student in REFERENCE_STUDENTS:
-        r = graded[assignment][student]
-        assert not r.error, f"{student}: {r.error}"
-        assert 10 <= r.max_score <= 25, f"{assignment} is worth {r.max_score} points; 10 to 25 expected"
-        assert r.score == r.max_score, f"{student} lost points: {gradesheet.summary_table([r])}"
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("assignment", CLASSES)
-def test_correct_notebook_alone_gets_feedback_without_an_error(graded, assignment):
-    """The release's expected.npz is the grader's to give: one student handed in the notebook alone, the other
-    a broken copy of it; neither feedback shows an error (every visible test ran against the release's values)."""
-    for student in REFERENCE_STUDENTS:
-        r = graded[assignment][student]
-        errors = [f"{c.metadata.get('nbgrader', {}).get('grade_id')}: {o.ename}: {o.evalue[:200]}"
-                  for nb in r.notebooks.values() for c in nb.cells for o in c.get("outputs", [])
-                  if o.output_type == "error"]
-        assert r.notebooks and not errors, f"{student}'s notebook shows errors it did not cause: {errors}"
-        text = feedback_text(graded.course, student, assignment)
-        assert not re.search(r"FileNotFoundError|NameError|Traceback \(most recent|Not counted", text), \
-            f"{student}'s feedback shows an error"
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("assignment", CLASSES)
-def test_release_gets_zero(graded, assignment):
-    r = graded[assignment][RELEASE_STUDENT]
-    assert r.cells and r.max_score > 0, f"release was not graded: {r.error}"
-    assert r.score == 0, f"the untouched release scored: {gradesheet.summary_table([r])}"
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("assignment", CLASSES)
-def test_each_assignment_has_six_mutants(assignment):
-    found = mutants(assignment)
-    assert len(found) >= 6, f"{assignment} has {len(found)} mutants in tests/mutants/{assignment}.py; 6 needed"
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize(("assignment", "index", "mutant"), CASES)
-def test_mutant_loses_exactly_its_points(graded, assignment, index, mutant):
-    r = graded[assignment][mutant_student(index)]
-    assert r.cells, f"mutant {mutant.name!r} was not graded: {r.error}"
-    cells = {c.grade_id: c for c in r.cells}
-    unknown = mutant.breaks - cells.keys()
-    assert not unknown, f"mutant {mutant.name!r} names tests cells that do not exist: {sorted(unknown)}"
-    lost = {g for g, c in cells.items() if c.score < c.max_score}
-    assert lost == mutant.breaks, (f"mutant {mutant.name!r}: expected to lose {sorted(mutant.breaks)}, "
-                                   f"lost {sorted(lost)}\n{gradesheet.summary_table([r])}")
-    assert all(cells[g].score == 0 for g in mutant.breaks), f"partial points for a broken property: {r.cells}"
-    text = feedback_text(graded.course, mutant_student(index), assignment)
-    assert mutant.feedback in text, f"mutant {mutant.name!r}: feedback does not say {mutant.feedback!r}"
-
-
 # Mutants the checks cannot tell apart: they fail the same check with the same words (one keeps every head's
 # weights, the other builds the full score tensor: the same peak, the same output), so the class report puts
 # their students into one group.
 SAME_DIAGNOSIS = [{"every_head_kept_alive", "full_score_tensor_built"}]
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("assignment", CLASSES)
-def test_class_report_groups_each_mutant_with_exactly_its_students(graded, assignment):
-    assert graded[assignment]  # graded, whichever test of it runs first
-    course = graded.course
-    out = build_report(course, assignment)
-    groups = misconceptions(read_class(course, assignment))
-    found = {(g["task"], frozenset(g["students"])): g for g in groups}
-    names = [m.name for m in mutants(assignment)]
-    for i, m in enumerate(mutants(assignment)):
-        twins = next((same for same in SAME_DIAGNOSIS if m.name in same), {m.name})
-        who = frozenset(mutant_student(names.index(n)) for n in twins)
-        group = found.get((m.grade_id.removeprefix("ans_"), who))
-        assert group, (f"mutant {m.name!r}: no misconception group of exactly {sorted(who)}; groups with it: "
-                       f"{[g for g in groups if mutant_student(i) in g['students']]}")
-        assert any(m.feedback in said for said in group["says"].values()), (m.feedback, group)
-        assert not m.bug or group["bugs"] == [m.bug], f"mutant {m.name!r} is grouped as {group['bugs']}, not {m.bug}"
-    blank = [g for g in groups if RELEASE_STUDENT in g["students"]]
-    assert blank and all(g["bugs"] == ["not-implemented"] and g["students"] == [RELEASE_STUDENT] for g in blank)
-    assert "## Misconceptions" in (out / "report.md").read_text()
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("assignment", CLASSES)
-def test_each_assignment_has_three_correct_variants(assignment):
-    found = variants(assignment)
-    assert len(found) >= 3, f"{assignment} has {len(found)} correct variants in tests/mutants/{assignment}.py; 3 needed"
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize(("assignment", "index", "variant"), VARIANT_CASES)
-def test_correct_variant_gets_full_marks(graded, assignment, index, variant):
-    r = graded[assignment][variant_student(index)]
-    assert r.cells, f"variant {variant.name!r} was not graded: {r.error}"
-    assert r.score == r.max_score, f"correct variant {variant.name!r} lost points:\n{batch.summary_table([r])}"
 
 
 def hidden_lines() -> set[str]:
@@ -204,15 +105,120 @@ def hidden_lines() -> set[str]:
     return {ln for ln in lines if len(ln) >= 20 and ln not in notebooks}
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("assignment", CLASSES)
-def test_feedback_never_shows_the_hidden_checks(graded, assignment):
-    secret = hidden_lines()
-    assert len(secret) > 100, "the hidden checks should have plenty of lines to hide"
-    assert graded[assignment]  # graded, whichever test of it runs first
-    pages = sorted((graded.course / "feedback").glob(f"*/{assignment}/*.html"))
-    assert len(pages) >= 3
-    for page in pages:
-        text = html.unescape(page.read_text())
-        shown = [ln for ln in secret if ln in text]
-        assert not shown, f"{page} shows lines of tests/hidden: {shown[:3]}"
+class Class:
+    """The checks of one assignment's graded class; a subclass per assignment names it (``ASSIGNMENT``)."""
+
+    ASSIGNMENT = ""
+
+    @pytest.mark.slow
+    def test_reference_gets_full_marks(self, graded):
+        for student in REFERENCE_STUDENTS:
+            r = graded[student]
+            assert not r.error, f"{student}: {r.error}"
+            assert 10 <= r.max_score <= 25, f"{self.ASSIGNMENT} is worth {r.max_score} points; 10 to 25 expected"
+            assert r.score == r.max_score, f"{student} lost points: {gradesheet.summary_table([r])}"
+
+    @pytest.mark.slow
+    def test_correct_notebook_alone_gets_feedback_without_an_error(self, graded):
+        """The release's expected.npz is the grader's to give: one student handed in the notebook alone, the other
+        a broken copy of it; neither feedback shows an error (every visible test ran against the release's
+        values)."""
+        for student in REFERENCE_STUDENTS:
+            r = graded[student]
+            errors = [f"{c.metadata.get('nbgrader', {}).get('grade_id')}: {o.ename}: {o.evalue[:200]}"
+                      for nb in r.notebooks.values() for c in nb.cells for o in c.get("outputs", [])
+                      if o.output_type == "error"]
+            assert r.notebooks and not errors, f"{student}'s notebook shows errors it did not cause: {errors}"
+            text = feedback_text(graded.course, student, self.ASSIGNMENT)
+            assert not re.search(r"FileNotFoundError|NameError|Traceback \(most recent|Not counted", text), \
+                f"{student}'s feedback shows an error"
+
+    @pytest.mark.slow
+    def test_release_gets_zero(self, graded):
+        r = graded[RELEASE_STUDENT]
+        assert r.cells and r.max_score > 0, f"release was not graded: {r.error}"
+        assert r.score == 0, f"the untouched release scored: {gradesheet.summary_table([r])}"
+
+    def test_has_six_mutants(self):
+        found = mutants(self.ASSIGNMENT)
+        assert len(found) >= 6, f"{self.ASSIGNMENT} has {len(found)} mutants in tests/mutants/{self.ASSIGNMENT}.py; " \
+                                "6 needed"
+
+    @pytest.mark.slow
+    def test_mutant_loses_exactly_its_points(self, graded, index, mutant):
+        r = graded[mutant_student(index)]
+        assert r.cells, f"mutant {mutant.name!r} was not graded: {r.error}"
+        cells = {c.grade_id: c for c in r.cells}
+        unknown = mutant.breaks - cells.keys()
+        assert not unknown, f"mutant {mutant.name!r} names tests cells that do not exist: {sorted(unknown)}"
+        lost = {g for g, c in cells.items() if c.score < c.max_score}
+        assert lost == mutant.breaks, (f"mutant {mutant.name!r}: expected to lose {sorted(mutant.breaks)}, "
+                                       f"lost {sorted(lost)}\n{gradesheet.summary_table([r])}")
+        assert all(cells[g].score == 0 for g in mutant.breaks), f"partial points for a broken property: {r.cells}"
+        text = feedback_text(graded.course, mutant_student(index), self.ASSIGNMENT)
+        assert mutant.feedback in text, f"mutant {mutant.name!r}: feedback does not say {mutant.feedback!r}"
+
+    @pytest.mark.slow
+    def test_class_report_groups_each_mutant_with_exactly_its_students(self, graded):
+        a, course = self.ASSIGNMENT, graded.course
+        out = build_report(course, a)
+        groups = misconceptions(read_class(course, a))
+        found = {(g["task"], frozenset(g["students"])): g for g in groups}
+        names = [m.name for m in mutants(a)]
+        for i, m in enumerate(mutants(a)):
+            twins = next((same for same in SAME_DIAGNOSIS if m.name in same), {m.name})
+            who = frozenset(mutant_student(names.index(n)) for n in twins)
+            group = found.get((m.grade_id.removeprefix("ans_"), who))
+            assert group, (f"mutant {m.name!r}: no misconception group of exactly {sorted(who)}; groups with it: "
+                           f"{[g for g in groups if mutant_student(i) in g['students']]}")
+            assert any(m.feedback in said for said in group["says"].values()), (m.feedback, group)
+            assert not m.bug or group["bugs"] == [m.bug], f"mutant {m.name!r} grouped as {group['bugs']}, not {m.bug}"
+        blank = [g for g in groups if RELEASE_STUDENT in g["students"]]
+        assert blank and all(g["bugs"] == ["not-implemented"] and g["students"] == [RELEASE_STUDENT] for g in blank)
+        assert "## Misconceptions" in (out / "report.md").read_text()
+
+    def test_has_three_correct_variants(self):
+        found = variants(self.ASSIGNMENT)
+        assert len(found) >= 3, f"{self.ASSIGNMENT} has {len(found)} correct variants in " \
+                                f"tests/mutants/{self.ASSIGNMENT}.py; 3 needed"
+
+    @pytest.mark.slow
+    def test_correct_variant_gets_full_marks(self, graded, index, variant):
+        r = graded[variant_student(index)]
+        assert r.cells, f"variant {variant.name!r} was not graded: {r.error}"
+        assert r.score == r.max_score, f"correct variant {variant.name!r} lost points:\n{gradesheet.summary_table([r])}"
+
+    @pytest.mark.slow
+    def test_feedback_never_shows_the_hidden_checks(self, graded):
+        secret = hidden_lines()
+        assert len(secret) > 100, "the hidden checks should have plenty of lines to hide"
+        pages = sorted((graded.course / "feedback").glob(f"*/{self.ASSIGNMENT}/*.html"))
+        assert len(pages) >= 3
+        for page in pages:
+            text = html.unescape(page.read_text())
+            shown = [ln for ln in secret if ln in text]
+            assert not shown, f"{page} shows lines of tests/hidden: {shown[:3]}"
+
+
+class TestPs1PerHeadLoop(Class):
+    ASSIGNMENT = "ps1_per_head_loop"
+
+
+class TestPs2Mqa(Class):
+    ASSIGNMENT = "ps2_mqa"
+
+
+class TestPs3MemoryEfficient(Class):
+    ASSIGNMENT = "ps3_memory_efficient"
+
+
+class TestPs4Backward(Class):
+    ASSIGNMENT = "ps4_backward"
+
+
+class TestPs5Decoding(Class):
+    ASSIGNMENT = "ps5_decoding"
+
+
+def test_every_assignment_has_its_class():
+    assert sorted(c.ASSIGNMENT for c in Class.__subclasses__()) == ASSIGNMENTS

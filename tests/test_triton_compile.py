@@ -20,23 +20,39 @@ from mha_lab.cuda import compiled, flash
 pytestmark = pytest.mark.skipif(flash._INTERPRET, reason="TRITON_INTERPRET=1 is set: nothing is compiled for a GPU")
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-# one pytest-xdist group per GPU and dtype: the builds take minutes in all, spread over the workers
-CASES = [pytest.param(a, dt, d, c, id=f"sm{a}-{str(dt)[6:]}-D{d}-{'causal' if c else 'full'}",
-                      marks=pytest.mark.xdist_group(f"triton-sm{a}-{str(dt)[6:]}"))
-         for a, dt, d, c in itertools.product(compiled.ARCHITECTURES, DTYPES, (64, 128), (False, True))]
+CASES = list(itertools.product(DTYPES, (64, 128), (False, True)))
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(("arch", "dtype", "head_dim", "causal"), CASES)
-def test_every_tile_candidate_builds_within_shared_memory_and_without_spills(arch, dtype, head_dim, causal):
-    builds = compiled.build_tile_candidates(arch, dtype, head_dim, causal)
-    assert [b.tile for b in builds] == flash.tile_candidates(dtype, head_dim)
-    for b in builds:
-        assert 0 < b.shared_bytes <= compiled.SHARED_MEMORY_BYTES[arch], b
-        assert 0 < b.registers <= 255, b
-        assert b.spill_bytes == 0, b
-        assert b.fits
-        assert b.tensor_cores == (dtype != torch.float32), b
+class Builds:
+    """Every tile candidate built for one GPU (``ARCH``): a class per GPU, which pytest-xdist runs whole in one
+    worker (``--dist loadscope``), so that the two GPUs' builds (a minute or more each) run side by side."""
+
+    ARCH = 0
+
+    @pytest.mark.slow
+    @pytest.mark.parametrize(("dtype", "head_dim", "causal"), CASES,
+                             ids=[f"{str(dt)[6:]}-D{d}-{'causal' if c else 'full'}" for dt, d, c in CASES])
+    def test_every_tile_candidate_builds_within_shared_memory_and_without_spills(self, dtype, head_dim, causal):
+        builds = compiled.build_tile_candidates(self.ARCH, dtype, head_dim, causal)
+        assert [b.tile for b in builds] == flash.tile_candidates(dtype, head_dim)
+        for b in builds:
+            assert 0 < b.shared_bytes <= compiled.SHARED_MEMORY_BYTES[self.ARCH], b
+            assert 0 < b.registers <= 255, b
+            assert b.spill_bytes == 0, b
+            assert b.fits
+            assert b.tensor_cores == (dtype != torch.float32), b
+
+
+class TestSm80(Builds):
+    ARCH = 80
+
+
+class TestSm90(Builds):
+    ARCH = 90
+
+
+def test_every_architecture_has_its_class():
+    assert sorted(c.ARCH for c in Builds.__subclasses__()) == sorted(compiled.ARCHITECTURES)
 
 
 @pytest.mark.parametrize("arch", compiled.ARCHITECTURES)
