@@ -11,7 +11,8 @@ Peak memory is ``tracemalloc``'s for NumPy and ``torch.profiler``'s for PyTorch 
 does all the measuring).
 Achieved GFLOP/s use ``count_flops`` and are compared with a plain BLAS matrix product
 measured in the same run: the practical ceiling here. The ``parts`` section times the fused
-forward's parts on their own (``mha_lab.bench_parts``). ``TARGETS`` lists the claims the report
+forward's parts on their own (``mha_lab.bench_parts``), the ``tiles`` section the chunked forward's tile
+sizes (``mha_lab.bench_tiles``). ``TARGETS`` lists the claims the report
 judges, each with its limit and the length it is judged at.
 """
 
@@ -27,6 +28,7 @@ import numpy as np
 
 from mha_lab.analysis import count_backward_flops, count_flops
 from mha_lab.bench_parts import ForwardParts, part_shares
+from mha_lab.bench_tiles import tile_calls
 from mha_lab.cpu import MultiHeadAttention, chunked_forward, head_by_head_forward, per_head_attention
 from mha_lab.measure import (
     fit_exponent,
@@ -41,7 +43,7 @@ from mha_lab.testing import tolerances
 
 __all__ = ["Target", "TARGETS", "run_suite", "BenchResults", "main"]
 
-SECTIONS = ("forward", "parts", "backward", "memory", "gemm", "tp")
+SECTIONS = ("forward", "parts", "tiles", "backward", "memory", "gemm", "tp")
 MAX_SCORE_BYTES = 2 * 2**30  # skip implementations that would hold a (B, h, L, L) tensor larger than this
 TARGET_H = 8  # the head count at which the targets are judged
 
@@ -253,10 +255,10 @@ def _grid(quick: bool) -> dict:
     if quick:
         return {"B": 2, "d_model": 512, "lengths": (256, 1024), "heads": (TARGET_H,),
                 "memory_lengths": (256, 1024), "backward_lengths": (512,), "parts_lengths": (256, 1024),
-                "repeat": 3, "gemm_n": 1024, "tp_length": 256, "tp_ranks": (1, 2)}
+                "tiles_lengths": (1024,), "repeat": 3, "gemm_n": 1024, "tp_length": 256, "tp_ranks": (1, 2)}
     return {"B": 2, "d_model": 512, "lengths": (256, 1024, 4096), "heads": (1, TARGET_H, 16),
             "memory_lengths": (256, 1024, 4096), "backward_lengths": (256, 1024), "parts_lengths": (256, 1024),
-            "repeat": 5, "gemm_n": 2048, "tp_length": 256, "tp_ranks": (1, 2, 4)}
+            "tiles_lengths": (4096,), "repeat": 5, "gemm_n": 2048, "tp_length": 256, "tp_ranks": (1, 2, 4)}
 
 
 def _row(section: str, impl: str, dtype: str, B: int | None, L: int, d_model: int, h: int | None, seconds=None,
@@ -376,7 +378,8 @@ def run_suite(quick: bool = False, sections: tuple[str, ...] = SECTIONS, progres
     ``grid`` overrides entries of the grid (the tests use a tiny one). The ``tp`` section starts
     ``max(tp_ranks)`` processes and times a training step of the tensor-parallel layer on each
     rank count (``mha_lab.parallel.scaling``); an empty ``tp_ranks`` leaves it out. The ``parts``
-    section times ``ForwardParts`` at ``parts_lengths``, h = 8: one row per part, with its FLOPs.
+    section times ``ForwardParts`` at ``parts_lengths``, h = 8: one row per part, with its FLOPs; the ``tiles``
+    section the chunked forward with each of ``bench_tiles.TILES`` at ``tiles_lengths``, h = 8.
 
     ``threads`` pins both NumPy's BLAS and torch. The default, one thread, compares the
     algorithms like for like (NumPy's element-wise ufuncs such as ``exp`` run on one thread
@@ -392,7 +395,7 @@ def run_suite(quick: bool = False, sections: tuple[str, ...] = SECTIONS, progres
     B, d, R = g["B"], g["d_model"], g["repeat"]
     results = BenchResults(machine=machine_info(threads), config={"quick": quick, "sections": list(sections), **g})
     gemm: dict[str, float] = {}
-    if {"gemm", "forward", "parts"} & set(sections):  # the ceiling that GFLOP/s are compared with
+    if {"gemm", "forward", "parts", "tiles"} & set(sections):  # the ceiling that GFLOP/s are compared with
         gemm = _gemm_gflops(g["gemm_n"], R)
     if "gemm" in sections:
         n = g["gemm_n"]
@@ -402,6 +405,7 @@ def run_suite(quick: bool = False, sections: tuple[str, ...] = SECTIONS, progres
     tasks = [(L, h, "forward") for L in g["lengths"] for h in g["heads"] if "forward" in sections]
     tasks += [(L, TARGET_H, "memory") for L in g["memory_lengths"] if "memory" in sections]
     tasks += [(L, TARGET_H, "parts") for L in g["parts_lengths"] if "parts" in sections]
+    tasks += [(L, TARGET_H, "tiles") for L in g["tiles_lengths"] if "tiles" in sections]
     tasks += [(L, TARGET_H, "backward") for L in g["backward_lengths"] if "backward" in sections]
     tasks.sort(key=lambda t: (t[0], t[1], t[2] == "backward"))
     shape, forwards = None, None
@@ -424,6 +428,11 @@ def run_suite(quick: bool = False, sections: tuple[str, ...] = SECTIONS, progres
             times = interleaved_times(parts.calls(), repeat=repeat, statistic=statistic)
             results.rows += [_row(section, part, "float64", B, L, d, h, seconds=t, gemm=gemm, flops=parts.flops[part])
                              for part, t in times.items()]
+            continue
+        if section == "tiles":
+            times = interleaved_times(tile_calls(shape.layer, shape.X), repeat=max(repeat, 2), statistic=statistic)
+            results.rows += [_row(section, name, "float64", B, L, d, h, seconds=t, gemm=gemm)
+                             for name, t in times.items()]
             continue
         if section == "forward":
             forwards = forwards or shape.forwards()

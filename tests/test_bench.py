@@ -13,6 +13,7 @@ from mha_lab.__main__ import main as cli_main
 from mha_lab.analysis import count_backward_flops, count_flops
 from mha_lab.bench import BenchResults, run_suite
 from mha_lab.bench_parts import FORWARD_PARTS, ForwardParts, fixed_rate_seconds, forward_part_flops
+from mha_lab.bench_tiles import TILES, default_tile, tile_calls, tile_name
 from mha_lab.cpu import MultiHeadAttention
 from mha_lab.plots.bench import implementations_bar, memory_vs_length, time_vs_length
 from mha_lab.testing import tolerances
@@ -20,7 +21,7 @@ from mha_lab.testing import tolerances
 torch = pytest.importorskip("torch")
 
 TINY = {"B": 1, "d_model": 32, "lengths": (16, 48), "heads": (2, bench.TARGET_H), "memory_lengths": (16, 48),
-        "backward_lengths": (16, 48), "parts_lengths": (16, 48), "repeat": 2, "gemm_n": 64,
+        "backward_lengths": (16, 48), "parts_lengths": (16, 48), "tiles_lengths": (48,), "repeat": 2, "gemm_n": 64,
         "tp_ranks": ()}  # the tensor-parallel row starts processes: tests/test_tp_distributed.py covers it
 FORWARD_IMPLS = {("numpy fused", "float64"), ("numpy fused", "float32"), ("per-head loop", "float64"),
                  ("head by head", "float64"), ("chunked", "float64"), ("torch eager", "float64"),
@@ -33,7 +34,7 @@ def results() -> BenchResults:
 
 
 def test_every_section_and_implementation_is_measured(results):
-    assert {r["section"] for r in results.rows} == {"forward", "parts", "backward", "memory", "gemm"}
+    assert {r["section"] for r in results.rows} == {"forward", "parts", "tiles", "backward", "memory", "gemm"}
     for L in TINY["lengths"]:
         for h in TINY["heads"]:
             got = {(r["impl"], r["dtype"]) for r in results.select(section="forward", L=L, h=h)}
@@ -51,6 +52,18 @@ def test_every_section_and_implementation_is_measured(results):
         assert [r["impl"] for r in rows] == list(FORWARD_PARTS)
         assert all(r["seconds"] > 0 and r["h"] == bench.TARGET_H for r in rows)
         assert sum(r["flops"] for r in rows) == count_flops(TINY["B"], L, TINY["d_model"], bench.TARGET_H)
+    tiles = results.select(section="tiles", L=48)
+    assert [r["impl"] for r in tiles] == [tile_name(t) for t in TILES]
+    assert sum("(default)" in r["impl"] for r in tiles) == 1 and default_tile() in TILES
+    assert all(r["seconds"] > 0 and r["gemm_fraction"] > 0 for r in tiles)
+
+
+def test_each_tile_computes_the_same_forward():
+    layer = MultiHeadAttention(32, 4, seed=0)
+    X = np.random.default_rng(1).standard_normal((2, 40, 32))
+    reference = layer.forward(X)
+    for name, call in tile_calls(layer, X).items():
+        np.testing.assert_allclose(call(), reference, err_msg=name, **tolerances("float64"))
 
 
 def test_rows_carry_shape_flops_and_gemm_fraction(results):
