@@ -137,9 +137,9 @@ def chunked_attention(
     and the block's output is :math:`a / \ell`. Causal attention skips the key blocks
     that lie wholly above the diagonal. With ``return_lse`` it also returns each row's
     log-sum-exp :math:`m + \log \ell = \log \sum_j e^{S_j}`, all that
-    ``chunked_attention_backward`` needs to recompute the weights. The default tiles, 256 queries by 512
-    keys, were the fastest measured on a CPU with 1 MiB of L2 cache per core (``python -m mha_lab bench
-    --sections tiles``).
+    ``chunked_attention_backward`` needs to recompute the weights. The default
+    tiles, 256 queries by 512 keys, were the fastest measured on a CPU with
+    1 MiB of L2 cache per core (``python -m mha_lab bench --sections tiles``).
 
     Shapes:
         Q: (B, h, L_q, d); K, V: (B, h_kv, L_k, d), h % h_kv == 0 (GQA/MQA share K/V)
@@ -158,14 +158,14 @@ def chunked_attention(
     Kg, Vg = K[:, :, None], V[:, :, None]  # (B, h_kv, L, d) -> (B, h_kv, 1, L, d)
     out = np.empty((B, h_kv, n_rep, Lq, V.shape[-1]), dtype=dtype)
     lse = np.empty((B, h_kv, n_rep, Lq, 1), dtype=dtype)
-    # one sequence and K/V head at a time: a tile of scores then stays in the core's cache
+    # one sequence and K/V head at a time: a tile of scores stays in cache
     for b, g in np.ndindex(B, h_kv):
         for qs in range(0, Lq, block_q):
             qe = min(qs + block_q, Lq)
             q = Qg[b, g, :, qs:qe] * scale  # (n_rep, bq, d)
-            m_i = np.full(q.shape[:-1] + (1,), -np.inf, dtype=dtype)  # running row max
-            l_i = np.zeros_like(m_i)  # running softmax denominator
-            # running numerator @ V
+            # running row max, softmax denominator and numerator @ V
+            m_i = np.full(q.shape[:-1] + (1,), -np.inf, dtype=dtype)
+            l_i = np.zeros_like(m_i)
             acc = np.zeros(q.shape[:-1] + (V.shape[-1],), dtype=dtype)
             # keys past the last query of the block are all in the future
             k_stop = qe if causal else Lk
