@@ -179,41 +179,56 @@ def open_offline(browser, base: str, path: str):
     return context, page, errors, blocked
 
 
+STATE_JS = """box => {
+    const feedback = box.querySelector('.self-check-feedback');
+    const details = box.querySelector('details.self-check-answer');
+    const choices = [...box.querySelectorAll('ol.self-check-choices > li')].map(li => li.className);
+    const answer = details && details.querySelector('p');
+    return {question: (box.querySelector('.self-check-question') || {}).innerText || '', choices,
+            setUp: Boolean(feedback && details), verdict: feedback && feedback.getAttribute('data-verdict'),
+            feedback: feedback && feedback.innerText, open: Boolean(details && details.open),
+            answer: answer ? answer.textContent : ''};
+}"""  # what a reader sees of one self-check, read in one round trip to the browser
+
+
 def answer_every_question(page) -> list[str]:
-    """Answer each self-check wrong, then right; return what did not behave as it should."""
+    """Answer each self-check wrong, then right (clicks and keys as a reader gives them); return what did not
+    behave as it should."""
     problems = []
     for i in range(page.locator("div.self-check").count()):
         box = page.locator("div.self-check").nth(i)
-        name = f"question {i + 1} ({box.locator('.self-check-question').inner_text()[:50]!r})"
-        feedback, details = box.locator(".self-check-feedback"), box.locator("details.self-check-answer")
-        if not feedback.count() or not details.count():
+        box.evaluate("b => { const d = b.querySelector('details.self-check-answer'); if (d) d.open = false; }")
+        state = box.evaluate(STATE_JS)  # as a reader finds it, whatever was tried before
+        name = f"question {i + 1} ({state['question'][:50]!r})"
+        if not state["setUp"]:
             problems.append(f"{name}: not set up (no feedback line or no folded answer)")
             continue
-        details.evaluate("d => { d.open = false; }")  # as a reader finds it, whatever was tried before
         if box.get_attribute("data-kind") == "choice":
             right = int(box.get_attribute("data-answer"))
             choices = box.locator("ol.self-check-choices > li")
-            wrong = choices.nth(0 if right != 1 else 1)
-            wrong.click()
-            if "self-check-wrong" not in (wrong.get_attribute("class") or "") or feedback.get_attribute(
-                    "data-verdict") != "wrong" or details.evaluate("d => d.open"):
+            wrong = 0 if right != 1 else 1
+            choices.nth(wrong).click()
+            state = box.evaluate(STATE_JS)
+            if "self-check-wrong" not in state["choices"][wrong] or state["verdict"] != "wrong" or state["open"]:
                 problems.append(f"{name}: a wrong choice is not marked wrong")
             choices.nth(right - 1).click()
-            marked = choices.nth(right - 1).get_attribute("class") or ""
-            if "self-check-right" not in marked or "self-check-wrong" in (wrong.get_attribute("class") or ""):
+            state = box.evaluate(STATE_JS)
+            if "self-check-right" not in state["choices"][right - 1] or "self-check-wrong" in state["choices"][wrong]:
                 problems.append(f"{name}: the right choice is not marked right")
         else:
             shown = float(box.get_attribute("data-shown"))
             field = box.locator("form.self-check-form input")
             field.fill(repr(2 * shown + 1))
             field.press("Enter")
-            if feedback.get_attribute("data-verdict") != "wrong" or details.evaluate("d => d.open"):
+            state = box.evaluate(STATE_JS)
+            if state["verdict"] != "wrong" or state["open"]:
                 problems.append(f"{name}: {2 * shown + 1} is not marked wrong")
-            field.fill(box.locator("details.self-check-answer p").first.text_content().split(": ", 1)[1].split()[0])
+            field.fill(state["answer"].split(": ", 1)[1].split()[0])
             box.locator("form.self-check-form button").click()
-        if feedback.get_attribute("data-verdict") != "right" or feedback.inner_text() != "Right.":
-            problems.append(f"{name}: the right answer is not marked right ({feedback.inner_text()!r})")
-        if not details.evaluate("d => d.open"):
+            state = box.evaluate(STATE_JS)
+        if state["verdict"] != "right" or state["feedback"] != "Right.":
+            problems.append(f"{name}: the right answer is not marked right ({state['feedback']!r})")
+        if not state["open"]:
             problems.append(f"{name}: the answer and why stay folded after a right answer")
     return problems
 
