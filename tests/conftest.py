@@ -5,7 +5,7 @@ site), so that it overlaps the tests that run before the site's; ``built_site`` 
 pytest-xdist every worker collects: the first to claim the run's build folder starts the build, and
 whichever worker runs the site's tests waits for its exit status there; the controller, which outlives
 the workers, stops a build still running at the end. Tests are handed out by file, or by class where a
-file has classes: slow units first, the site's last.
+file has classes: slow units first, then the site's, then the quick ones.
 """
 
 from __future__ import annotations
@@ -76,16 +76,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Each file, or each class of a file that has classes, runs whole in one worker, so that a fixture built once
     per module or class (a graded class, the browser) is built once; the heaviest files split their work into
     classes (one per assignment graded). Workers take the units in collection order (``--no-loadscope-reorder``):
-    units with slow tests first, those that read the built site last (the book builds meanwhile), so that no long
-    unit starts alone at the end."""
+    units with slow tests first, then those that read the built site (the book builds meanwhile; their browsers
+    spend much of their time waiting), then the quick ones, which keep both cores busy to the end."""
     first: dict[str, int] = {}
-    rank: dict[str, int] = defaultdict(lambda: 1)
+    rank: dict[str, int] = defaultdict(lambda: 2)
     for i, item in enumerate(items):
         unit = _unit(item)
         first.setdefault(unit, i)
         if "built_site" in getattr(item, "fixturenames", ()):
-            rank[unit] = 2
-        elif item.get_closest_marker("slow") and rank[unit] == 1:
+            rank[unit] = 1
+        elif item.get_closest_marker("slow") and rank[unit] == 2:
             rank[unit] = 0
     items.sort(key=lambda item: (rank[_unit(item)], first[_unit(item)]))  # stable: each unit keeps its order
 
