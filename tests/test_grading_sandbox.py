@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import mha_lab
+from mha_lab.grading import sandbox
 from mha_lab.grading.remote import RemoteSubmission
 from mha_lab.grading.sandbox import GiB, Limits, memory_mode
 from mha_lab.grading.worker import decode, encode
@@ -79,7 +80,7 @@ def test_the_sandbox_confines_the_code_and_dies_whole(tmp_path, listener):
         assert not error, error
         report = eval(text)  # noqa: S307 - the dict the probe printed, from a test fixture
         assert report["uid"] != 0 and report["pid"] < 100, report  # an unprivileged uid in its own pid namespace
-        assert report["scratch"] == ["data.txt"], report
+        assert report["scratch"] == [".cache", "data.txt"], report  # .cache: matplotlib's font list, read-only
         assert not report["hidden"] and not report["home"] and not report["package_writable"], report
         assert not report["network"] and report["memory"] == "MemoryError", report
         assert report["forks"] < 32, report
@@ -206,6 +207,32 @@ IMPORTS = ["import numpy, matplotlib.pyplot, json, tracemalloc", "import mha_lab
            "from scipy import special", "import mha_lab.cpu as cpu\ndef f(x):\n    return x",
            "def g(x):\n    from mha_lab.cpu import softmax\n    return softmax(x)",
            "import os, sys\nprint([sorted(os.listdir(p)) for p in sys.path if 'site-packages' in p])"]
+
+
+FONTS = """
+import os, sys, time
+start = time.perf_counter()
+import matplotlib.pyplot as plt
+fig, ax = plt.subplots()
+ax.set_title("fonts")
+fig.savefig("/scratch/plot.png")
+path = os.path.join(os.environ["HOME"], ".cache", "matplotlib", sandbox.font_list()[1])
+try:
+    open(path, "a").close()
+    writable = True
+except OSError:
+    writable = False
+print(os.path.getsize(path) > 1000, writable)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_matplotlib_finds_its_font_list_read_only_and_scans_no_fonts(tmp_path):
+    """The grader's font list is in the sandbox: ``import matplotlib.pyplot`` neither scans the fonts again (which runs
+    fc-list and writes a new list, or says it could not) nor may change the list the next sandbox reads."""
+    with closing(RemoteSubmission(tmp_path, Limits(seconds=60))) as student:
+        (out, error), = student.run([FONTS.replace("sandbox.font_list()[1]", repr(sandbox.font_list()[1]))])
+    assert (out, error) == ("True False\n", ""), (out, error)
 
 
 @pytest.mark.timeout(120)

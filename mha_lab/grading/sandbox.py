@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import re
 import resource
@@ -117,17 +118,49 @@ def _mounts() -> list[str]:
                    "/etc/ld.so.cache"]
 
 
-def command(argv: list[str], submission: Path, limits: Limits, uid: int) -> list[str]:
-    """The bwrap command line that runs ``argv`` with ``submission`` (read-only) at /submission."""
+def command(argv: list[str], submission: Path, limits: Limits, uid: int, fonts: tuple[int, str] | None = None
+            ) -> list[str]:
+    """The bwrap command line that runs ``argv`` with ``submission`` (read-only) at /submission; ``fonts``, a file
+    descriptor the sandbox inherits and a name (``font_list``), puts matplotlib's font list in its cache folder,
+    read-only."""
     privileged = ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"] if os.getuid() == 0 else ["--unshare-user"]
     return [bwrap(), "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
             "--die-with-parent", "--new-session", "--hostname", "sandbox", *privileged, *_mounts(),
             "--proc", "/proc", "--dev", "/dev", "--perms", "0777", "--size", str(limits.scratch), "--tmpfs", "/scratch",
+            *(("--perms", "0777", "--dir", str(Path(FONT_CACHE).parent), "--perms", "0777", "--dir", FONT_CACHE,
+               "--perms", "0644", "--ro-bind-data", str(fonts[0]), f"{FONT_CACHE}/{fonts[1]}") if fonts else ()),
             "--ro-bind", str(submission), "/submission", "--chdir", "/scratch", "--clearenv",
             "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/scratch",
             "--setenv", "TMPDIR", "/scratch", "--setenv", "MPLBACKEND", "Agg", "--setenv", "OMP_NUM_THREADS", "1",
             *MALLOC, "--setenv", "PYTHONPATH", str(student_environment()[0]),
             "--setenv", "MHA_LAB_SANDBOX_UID", str(uid), "--", *argv]
+
+
+# prints the name and text of the font list that matplotlib makes, in the sandbox's cache folder, on its import
+FONT_LIST = ("import os, sys, matplotlib, matplotlib.font_manager; folder = matplotlib.get_cachedir(); "
+             "name = next(n for n in os.listdir(folder) if n.startswith('fontlist-')); "
+             "sys.stdout.write(name + '\\n' + open(os.path.join(folder, name)).read())")
+FONT_CACHE = "/scratch/.cache/matplotlib"  # matplotlib's cache folder in a sandbox (HOME is /scratch)
+
+
+@cache
+def font_list() -> tuple[int, str] | None:
+    """matplotlib's font list as a sandbox sees the fonts, made once per grading process in a sandbox of its own
+    (no student code): a file in memory (its descriptor) and its name. Each sandbox gets it read-only, otherwise
+    every ``import matplotlib.pyplot`` in a fresh sandbox scans the fonts again. None where it cannot be made."""
+    try:
+        with tempfile.TemporaryDirectory() as empty:
+            proc = subprocess.run(command([PYTHON, "-S", "-c", FONT_LIST], Path(empty), Limits(), 0),
+                                  capture_output=True, text=True, timeout=120, check=False)
+        name, _, text = proc.stdout.partition("\n")
+        json.loads(text)  # a font list, or nothing given
+    except (OSError, SandboxError, subprocess.TimeoutExpired, ValueError):
+        return None
+    if proc.returncode != 0 or not re.fullmatch(r"fontlist-v[\w.]+\.json", name):
+        return None
+    fd = os.memfd_create("mha_lab_fontlist", os.MFD_CLOEXEC)
+    os.write(fd, text.encode())
+    return fd, name
 
 
 NOT_MEASURED = "memory not measured on this host"
@@ -325,9 +358,16 @@ def start(submission: Path, limits: Limits, mode: MemoryMode | None = None
             group = MemoryGroup.make(mode, limits.memory)
     env = ({**os.environ, "MHA_LAB_SANDBOX_UID": "", "MPLBACKEND": "Agg", "PYTHONPATH": str(student_environment()[0])}
            if limits.unsafe else None)
-    proc = subprocess.Popen(argv if limits.unsafe else command(argv, submission, limits, uid), cwd=submission, env=env,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                            start_new_session=limits.unsafe, preexec_fn=lambda: _limit(limits, group))
+    made = None if limits.unsafe else font_list()
+    fonts = None if made is None else (os.open(f"/proc/self/fd/{made[0]}", os.O_RDONLY), made[1])  # read from 0
+    try:
+        proc = subprocess.Popen(argv if limits.unsafe else command(argv, submission, limits, uid, fonts),
+                                cwd=submission, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, start_new_session=limits.unsafe,
+                                pass_fds=(fonts[0],) if fonts else (), preexec_fn=lambda: _limit(limits, group))
+    finally:
+        if fonts is not None:
+            os.close(fonts[0])
     return proc, group
 
 
