@@ -3,7 +3,7 @@
 ``chunked_attention`` walks the scores in tiles of ``block_q`` queries by ``block_k`` keys, one sequence and
 key/value head at a time. Small tiles pay Python's loop and small matrix products; large ones leave the core's
 cache. ``TILES`` are the candidates measured, the library's default among them (chosen this way, on a 2-core
-AMD EPYC with 1 MiB of L2 cache per core); ``tile_calls`` gives each a call of the same forward.
+AMD EPYC); ``tile_calls`` gives each a call of the same forward.
 """
 
 from __future__ import annotations
