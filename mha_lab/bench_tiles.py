@@ -28,6 +28,7 @@ def default_tile() -> tuple[int, int]:
 
 
 def tile_name(tile: tuple[int, int]) -> str:
+    """The row name of ``tile`` in the report, marked where it is the default."""
     return f"chunked, tiles {tile[0]} x {tile[1]}" + (" (default)" if tile == default_tile() else "")
 
 

@@ -37,7 +37,7 @@ from mha_lab.instructor.classroom import REPO, Attack, Student, Target
 
 ATTACKS = classroom.attacks()
 ASSIGNMENTS = sorted({a.assignment for a in ATTACKS})
-TIMEOUT = 15  # seconds per submission, the grader's --timeout: ten times an honest ps3 on a busy machine
+TIMEOUT = 15  # seconds per submission, the grader's --timeout: an honest ps3 takes 1 to 1.6 s on a quiet machine
 MEMORY = 2 * 2**30  # bytes per submission, the grader's default cap
 LIMIT = 900  # seconds for one whole batch before it counts as stalled
 PROTECTED = ("mha_lab", "tests/hidden", "solutions", "assignments")  # the folders of this repository the grader trusts

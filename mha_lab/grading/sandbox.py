@@ -1,10 +1,10 @@
 """The sandbox every run of student code happens in: bubblewrap (``bwrap``) with Linux namespaces.
 
-Inside: no network, its own pid namespace, a read-only view of the system, the standard library, the
-student's environment (``STUDENT_PACKAGES`` and what they need) and the worker file, and one writable
-size-capped ``/scratch`` holding a copy of the submission; nothing else of the host (no ``mha_lab``,
-torch, SciPy, hidden checks, solutions, gradebook or other students). It runs as a non-root uid under
-caps on memory (a cgroup for all its processes where the grader may make one: ``memory_mode``), processes and
+Inside: no network, its own pid namespace, a read-only view of the system, the standard library, the student's
+environment (``STUDENT_PACKAGES`` and what they need) and the worker file, and one writable size-capped ``/scratch``
+holding a copy of the submission (and, read-only, matplotlib's font list, ``font_list``); nothing else of the host
+(no ``mha_lab``, torch, SciPy, hidden checks, solutions, gradebook or other students). It runs as a non-root uid
+under caps on memory (a cgroup for all its processes where the grader may make one: ``memory_mode``), processes and
 file size. The same cgroups measure the memory a student's call uses, from outside its reach.
 """
 
