@@ -148,3 +148,15 @@ def test_plots_and_grading_are_imported_by_nothing_below_them():
            if any(within(name, low) for low in BELOW_PLOTS)
            for target in targets if within(target, "mha_lab.plots") or within(target, "mha_lab.grading")]
     assert not bad, "plots and grading use cpu, cuda and analysis, never the reverse: " + "; ".join(bad)
+
+
+def test_reading_a_notebook_builds_no_grammar():
+    """The grader, each Dask worker and each command import nbformat, which imports jsonschema. From 4.25 on,
+    jsonschema imports rfc3987-syntax where it is installed, which builds a Lark grammar: a second per process.
+    The bug this catches: requirements.txt's jsonschema pin dropped or loosened."""
+    import subprocess
+    import sys
+
+    code = "import sys, nbformat, jsonschema; print(sorted(m for m in ('lark', 'rfc3987_syntax') if m in sys.modules))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert done.stdout.strip() == "[]", done.stdout
