@@ -16,7 +16,7 @@ from nbgrader.preprocessors import (
     SaveCells,
 )
 
-from mha_lab.grading.course import feedback_exporter, use_own_scripts
+from mha_lab.grading.course import FEEDBACK_EXPORTER, feedback_exporter, use_own_scripts
 from mha_lab.instructor.stubs import TaskStubs
 
 use_own_scripts()  # nbgrader runs its environment's `alembic` when it makes a gradebook: no activated venv needed
@@ -53,6 +53,7 @@ c.Autograde.sanitize_preprocessors = [
 # students wrote or displayed sanitised, so that no script of theirs runs when you open it.
 for name, value in feedback_exporter().items():
     setattr(c.HTMLExporter, name, value)
+c.GenerateFeedback.exporter_class = FEEDBACK_EXPORTER  # HTMLExporter's page without a second parse of it
 
 # Late work: submission times from timestamp.txt, due dates from the gradebook, extensions.csv.
 # nbgrader's policies: c.LateSubmissionPlugin.penalty_method = "none" (default) or "zero"; or a

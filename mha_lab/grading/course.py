@@ -22,8 +22,8 @@ import nbformat
 from mha_lab.grading import safe_html
 
 __all__ = ["COURSE_ID", "use_own_scripts", "nbgrader", "convert", "gradebook", "students", "id_problem",
-           "assignments", "register", "release_files", "locate", "submitted_notebook", "merge", "feedback_exporter",
-           "feedback"]
+           "assignments", "register", "release_files", "locate", "submitted_notebook", "merge", "FEEDBACK_EXPORTER",
+           "feedback_exporter", "feedback"]
 
 COURSE_ID = "mha_lab"  # as in nbgrader_config.py
 MAX_NOTEBOOK_BYTES = 20 * 2**20
@@ -211,6 +211,7 @@ def merge(release: nbformat.NotebookNode, submitted: nbformat.NotebookNode) -> n
 
 
 FEEDBACK_TEMPLATES = Path(__file__).with_name("templates")  # mha_feedback: nbgrader's, made for reading
+FEEDBACK_EXPORTER = "mha_lab.grading.feedback_page.FeedbackExporter"  # imports nbconvert: named, not imported
 
 
 def feedback_exporter() -> dict[str, Any]:
@@ -230,6 +231,7 @@ def feedback(course: Path, assignment: str, who: list[str]) -> str:
     if not who:
         return ""
     settings = {f"HTMLExporter.{k}": v for k, v in feedback_exporter().items()}
+    settings["GenerateFeedback.exporter_class"] = FEEDBACK_EXPORTER
     settings["CourseDirectory.student_id_exclude"] = ",".join(s for s in students(course)
                                                               if s not in who and not id_problem(s))
     failed = convert(Path(course), "GenerateFeedback", assignment, settings)
