@@ -37,7 +37,8 @@ from mha_lab.instructor.classroom import REPO, Attack, Student, Target
 
 ATTACKS = classroom.attacks()
 ASSIGNMENTS = sorted({a.assignment for a in ATTACKS})
-TIMEOUT = 15  # seconds per submission, the grader's --timeout: an honest ps3 takes 1 to 1.6 s on a quiet machine
+TIMEOUT = 10  # seconds per submission, the grader's --timeout: an honest ps3 takes 1 to 1.6 s on a quiet machine
+SETTLE = 3  # seconds a process killed with its sandbox may take to be gone
 MEMORY = 2 * 2**30  # bytes per submission, the grader's default cap
 LIMIT = 900  # seconds for one whole batch before it counts as stalled
 PROTECTED = ("mha_lab", "tests/hidden", "solutions", "assignments")  # the folders of this repository the grader trusts
@@ -338,10 +339,14 @@ def grade_batch(root: Path, assignment: str) -> Batch:
         batch.finished = proc is not None
         if proc is not None:
             batch.returncode, batch.log = proc.returncode, proc.stdout + proc.stderr
-        time.sleep(3)  # a process killed with its sandbox is gone by now
-        procs = _processes()
-        batch.survivors = {s: _marked(m, procs) for s, m in markers.items()}
-        batch.lingering = _in_course(course, procs)
+        settled = time.monotonic() + SETTLE
+        while True:  # until no attacker's process is left, or SETTLE has passed: what is left then survived
+            procs = _processes()
+            batch.survivors = {s: _marked(m, procs) for s, m in markers.items()}
+            batch.lingering = _in_course(course, procs)
+            if time.monotonic() > settled or not (any(batch.survivors.values()) or batch.lingering):
+                break
+            time.sleep(0.1)
         for lines in [*batch.survivors.values(), batch.lingering]:
             _kill(lines)
         batch.changed = _changes(before, _snapshot(course))
