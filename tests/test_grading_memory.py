@@ -1,7 +1,8 @@
 """How the grader measures memory, on every kind of host: which mode it finds (cgroup v1 as root, a delegated
 cgroup v2 directory, or none), the cgroup v2 group's files (against a fake cgroup filesystem: this machine
 has cgroup v1 only), what runs before the baseline, and a class of ps3's memory attacks graded as an
-unprivileged user, where no memory is measured and no memory points are given.
+unprivileged user, where no memory is measured and no memory points are given, and every graded student
+still gets a feedback page.
 (As root on cgroup v1 the same attacks are graded by ``test_grading_adversarial.py``.)
 """
 
@@ -171,3 +172,18 @@ def test_without_a_cgroup_no_memory_points_and_the_mode_is_said(unprivileged_cla
     assert f"{NOT_MEASURED}, so the grader gives no points here" in rows["honest"]["failed"]
     report = (course / "reports" / PS3 / "report.md").read_text()
     assert f"memory: {NOT_MEASURED}" in report
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_an_unprivileged_grading_writes_every_graded_students_feedback(unprivileged_class):
+    """The feedback comes out as uid 65534 too, through the system's interpreter on this environment's packages
+    (``run_grader``'s unprivileged path). The bug this catches: a feedback step that needs what only the
+    instructor's own environment has, as nbconvert's BeautifulSoup pass did (its selector failed there)."""
+    _, graded, rows, _, course = unprivileged_class
+    assert "generate_feedback failed" not in graded.stdout + graded.stderr
+    graded_students = [s for s, r in rows.items() if r["status"] == "graded"]
+    assert graded_students and "honest" in graded_students
+    for student in graded_students:
+        page = course / "feedback" / student / PS3 / f"{PS3}.html"
+        assert page.is_file() and "Score:" in page.read_text(), f"no feedback page for {student}"
