@@ -237,6 +237,16 @@ def test_cli_writes_table_json_and_figures(tmp_path, monkeypatch, capsys):
     assert "### Targets" in capsys.readouterr().out
 
 
+def test_cli_draws_only_the_figures_of_the_sections_it_measured(tmp_path, monkeypatch, capsys):
+    """``--sections gemm forward`` has no memory rows: the memory figure is left out, not an error after the
+    tables (the bug: every run without the memory section ended in "no memory measurements" and exit 1)."""
+    monkeypatch.setattr(bench, "_grid", lambda quick: dict(TINY, heads=(bench.TARGET_H,)))
+    assert cli_main(["bench", "--out", str(tmp_path), "--no-progress", "--sections", "gemm", "forward"]) == 0
+    assert {p.name for p in tmp_path.iterdir()} == {"bench.json", "bench.md", "time_vs_length.png",
+                                                    "implementations_bar.png"}
+    assert "memory_vs_length" not in capsys.readouterr().out
+
+
 def test_cli_gpu_without_cuda_says_so(monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert cli_main(["bench", "--gpu", "--quick"]) == 1

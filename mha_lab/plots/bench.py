@@ -87,9 +87,12 @@ def implementations_bar(results: BenchResults | dict, L: int | None = None, h: i
 
 
 def save_figures(results: BenchResults | dict, out: Path) -> list[Path]:
-    """Write the three figures above as PNGs (2x) into the folder ``out``; returns their paths."""
+    """Write the figures above whose section was measured (``--sections``) as PNGs (2x) into the folder ``out``;
+    returns their paths."""
+    measured = {r["section"] for r in _rows(results)}
     paths = []
-    for make in (time_vs_length, memory_vs_length, implementations_bar):
-        paths.append(Path(out) / f"{make.__name__}.png")
-        make(results).savefig(paths[-1], dpi=192)
+    for make, section in ((time_vs_length, "forward"), (memory_vs_length, "memory"), (implementations_bar, "forward")):
+        if section in measured:
+            paths.append(Path(out) / f"{make.__name__}.png")
+            make(results).savefig(paths[-1], dpi=192)
     return paths
