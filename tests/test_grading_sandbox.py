@@ -235,6 +235,38 @@ def test_matplotlib_finds_its_font_list_read_only_and_scans_no_fonts(tmp_path):
 
 
 @pytest.mark.timeout(120)
+def test_the_font_list_is_made_once_per_machine_fonts_and_matplotlib(tmp_path, monkeypatch):
+    """Grading processes share the list through the user's cache folder: a second process makes none, a new font
+    makes a new one, and a cached file that is no font list (a name that leaves the cache folder) is made again.
+    The bugs this catches: a list made by every Dask worker again (half a second each), or one kept after the fonts
+    changed, or a tampered file's name put into the sandbox."""
+    fonts = tmp_path / "fonts"
+    fonts.mkdir()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(sandbox, "SYSTEM_FONTS", (*sandbox.SYSTEM_FONTS, str(fonts)))
+    made = []
+    make = sandbox._make_font_list
+    monkeypatch.setattr(sandbox, "_make_font_list", lambda: made.append(1) or make())
+
+    def a_new_process() -> str:
+        sandbox.font_list.cache_clear()  # what each grading process starts with
+        fd, name = sandbox.font_list()
+        assert json.loads(os.pread(fd, 1 << 24, 0)), name
+        return name
+
+    try:
+        assert a_new_process() == a_new_process() and len(made) == 1
+        (fonts / "new.ttf").write_bytes(b"not a font, but a new file")
+        a_new_process()
+        assert len(made) == 2
+        (cached,) = (tmp_path / "cache" / "mha_lab").glob(f"fonts-{sandbox._font_key()}.json")
+        cached.write_text(json.dumps(["../../escape.json", "{}"]))
+        assert a_new_process().startswith("fontlist-v") and len(made) == 3
+    finally:
+        sandbox.font_list.cache_clear()
+
+
+@pytest.mark.timeout(120)
 def test_the_sandbox_holds_the_students_environment_only(tmp_path):
     with closing(RemoteSubmission(tmp_path, Limits(seconds=60))) as student:
         outputs = student.run(IMPORTS)

@@ -2,16 +2,18 @@
 
 Inside: no network, its own pid namespace, a read-only view of the system, the standard library, the student's
 environment (``STUDENT_PACKAGES`` and what they need) and the worker file, and one writable size-capped ``/scratch``
-holding a copy of the submission (and, read-only, matplotlib's font list, ``font_list``); nothing else of the host
-(no ``mha_lab``, torch, SciPy, hidden checks, solutions, gradebook or other students). It runs as a non-root uid
-under caps on memory (a cgroup for all its processes where the grader may make one: ``memory_mode``), processes and
-file size. The same cgroups measure the memory a student's call uses, from outside its reach.
+holding a copy of the submission (and, read-only, matplotlib's font list, ``font_list``, made once per machine);
+nothing else of the host (no ``mha_lab``, torch, SciPy, hidden checks, solutions, gradebook or other students). It
+runs as a non-root uid under caps on memory (a cgroup for all its processes where the grader may make one:
+``memory_mode``), processes and file size. The same cgroups measure the memory a student's call uses, from outside
+its reach.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import hashlib
 import json
 import os
 import re
@@ -141,23 +143,64 @@ FONT_LIST = ("import os, sys, matplotlib, matplotlib.font_manager; folder = matp
              "name = next(n for n in os.listdir(folder) if n.startswith('fontlist-')); "
              "sys.stdout.write(name + '\\n' + open(os.path.join(folder, name)).read())")
 FONT_CACHE = "/scratch/.cache/matplotlib"  # matplotlib's cache folder in a sandbox (HOME is /scratch)
+SYSTEM_FONTS = ("/usr/share/fonts", "/usr/local/share/fonts")  # the font folders a sandbox sees (HOME is empty)
 
 
-@cache
-def font_list() -> tuple[int, str] | None:
-    """matplotlib's font list as a sandbox sees the fonts, made once per grading process in a sandbox of its own
-    (no student code): a file in memory (its descriptor) and its name. Each sandbox gets it read-only, otherwise
-    every ``import matplotlib.pyplot`` in a fresh sandbox scans the fonts again. None where it cannot be made."""
+def _font_cache() -> Path:
+    """Where grading processes keep the font lists they made: the user's cache folder."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mha_lab"
+
+
+def _font_key() -> str:
+    """What a sandbox's font list depends on: matplotlib's version and the system's font files (name, size, time)."""
+    files = sorted((str(p), p.stat().st_size, p.stat().st_mtime_ns) for top in SYSTEM_FONTS
+                   for p in Path(top).rglob("*") if p.is_file())
+    text = json.dumps([metadata.version("matplotlib"), files])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _make_font_list() -> tuple[str, str] | None:
+    """(name, text) of the font list matplotlib makes in a sandbox of its own (no student code); None where it
+    cannot be made."""
     try:
         with tempfile.TemporaryDirectory() as empty:
             proc = subprocess.run(command([PYTHON, "-S", "-c", FONT_LIST], Path(empty), Limits(), 0),
                                   capture_output=True, text=True, timeout=120, check=False)
         name, _, text = proc.stdout.partition("\n")
-        json.loads(text)  # a font list, or nothing given
+        _check_font_list(name, text)
     except (OSError, SandboxError, subprocess.TimeoutExpired, ValueError):
         return None
-    if proc.returncode != 0 or not re.fullmatch(r"fontlist-v[\w.]+\.json", name):
-        return None
+    return (name, text) if proc.returncode == 0 else None
+
+
+def _check_font_list(name: str, text: str) -> None:
+    """ValueError unless ``name`` is a font list's file name and ``text`` is JSON."""
+    if not re.fullmatch(r"fontlist-v[\w.]+\.json", name):
+        raise ValueError(f"not a font list's name: {name[:80]!r}")
+    json.loads(text)
+
+
+@cache
+def font_list() -> tuple[int, str] | None:
+    """matplotlib's font list as a sandbox sees the fonts: a file in memory (its descriptor) and its name. Each
+    sandbox gets it read-only, otherwise every ``import matplotlib.pyplot`` in a fresh sandbox scans the fonts again.
+    Made in a sandbox once per machine, matplotlib version and set of system fonts (``_font_key``) and kept in the
+    user's cache folder, so that each grading process (each Dask worker) does not make it again: half a second
+    each. None where it cannot be made."""
+    cached = _font_cache() / f"fonts-{_font_key()}.json"
+    try:
+        name, text = json.loads(cached.read_text())
+        _check_font_list(name, text)
+    except (OSError, ValueError, TypeError):
+        made = _make_font_list()
+        if made is None:
+            return None
+        name, text = made
+        with contextlib.suppress(OSError):  # the next process makes it again
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            partial = cached.with_suffix(f".{os.getpid()}.tmp")
+            partial.write_text(json.dumps([name, text]))
+            partial.replace(cached)
     fd = os.memfd_create("mha_lab_fontlist", os.MFD_CLOEXEC)
     os.write(fd, text.encode())
     return fd, name
