@@ -14,11 +14,14 @@ help:
 
 # (Re)create the virtual environment whenever requirements.txt changes. A first install takes minutes:
 # pip names each package as it fetches and installs it (lines for requirements already met are left out).
+# pip would compile the packages' bytecode one file at a time; compileall does it on every core (a few files that
+# packages ship as examples of bad syntax fail there, as they do under pip: the status is not checked).
 $(STAMP): requirements.txt pyproject.toml
 	@echo "make: installing requirements.txt into $(VENV) (minutes the first time)"
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --progress-bar on -r requirements.txt | { grep --line-buffered -v '^Requirement already satisfied' || true; }
+	$(BIN)/python -m pip install --no-compile --progress-bar on -r requirements.txt | { grep --line-buffered -v '^Requirement already satisfied' || true; }
+	$(BIN)/python -m compileall -q -j 0 "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" > /dev/null || true
 	touch $(STAMP)
 
 # Chapters are MyST notebooks; their .ipynb twins (for Colab/Binder) are regenerated first, or only checked in CI.
