@@ -235,11 +235,12 @@ def test_matplotlib_finds_its_font_list_read_only_and_scans_no_fonts(tmp_path):
 
 
 @pytest.mark.timeout(120)
-def test_the_font_list_is_made_once_per_machine_fonts_and_matplotlib(tmp_path, monkeypatch):
+def test_the_font_list_is_made_once_per_environment_and_set_of_fonts(tmp_path, monkeypatch):
     """Grading processes share the list through the user's cache folder: a second process makes none, a new font
-    makes a new one, and a cached file that is no font list (a name that leaves the cache folder) is made again.
-    The bugs this catches: a list made by every Dask worker again (half a second each), or one kept after the fonts
-    changed, or a tampered file's name put into the sandbox."""
+    or another environment (whose matplotlib ships its fonts at another path) makes a new one, and a cached file
+    that is no font list (a name that leaves the cache folder) is made again. The bugs this catches: a list made by
+    every Dask worker again (half a second each), or one kept after the fonts or the environment changed, or a
+    tampered file's name put into the sandbox."""
     fonts = tmp_path / "fonts"
     fonts.mkdir()
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
@@ -259,7 +260,11 @@ def test_the_font_list_is_made_once_per_machine_fonts_and_matplotlib(tmp_path, m
         (fonts / "new.ttf").write_bytes(b"not a font, but a new file")
         a_new_process()
         assert len(made) == 2
-        (cached,) = (tmp_path / "cache" / "mha_lab").glob(f"fonts-{sandbox._font_key()}.json")
+        key, packages = sandbox._font_key(), sandbox.student_environment()[1]
+        with monkeypatch.context() as other:
+            other.setattr(sandbox, "student_environment", lambda: (tmp_path / "other-venv", packages))
+            assert sandbox._font_key() != key
+        (cached,) = (tmp_path / "cache" / "mha_lab").glob(f"fonts-{key}.json")
         cached.write_text(json.dumps(["../../escape.json", "{}"]))
         assert a_new_process().startswith("fontlist-v") and len(made) == 3
     finally:

@@ -2,7 +2,7 @@
 
 Inside: no network, its own pid namespace, a read-only view of the system, the standard library, the student's
 environment (``STUDENT_PACKAGES`` and what they need) and the worker file, and one writable size-capped ``/scratch``
-holding a copy of the submission (and, read-only, matplotlib's font list, ``font_list``, made once per machine);
+holding a copy of the submission (and, read-only, matplotlib's font list, ``font_list``, made once per environment);
 nothing else of the host (no ``mha_lab``, torch, SciPy, hidden checks, solutions, gradebook or other students). It
 runs as a non-root uid under caps on memory (a cgroup for all its processes where the grader may make one:
 ``memory_mode``), processes and file size. The same cgroups measure the memory a student's call uses, from outside
@@ -152,10 +152,12 @@ def _font_cache() -> Path:
 
 
 def _font_key() -> str:
-    """What a sandbox's font list depends on: matplotlib's version and the system's font files (name, size, time)."""
+    """What a sandbox's font list depends on: the interpreter, the student's environment (the list names the font
+    files matplotlib ships, by their path there), matplotlib's version and the system's font files (name, size,
+    time)."""
     files = sorted((str(p), p.stat().st_size, p.stat().st_mtime_ns) for top in SYSTEM_FONTS
                    for p in Path(top).rglob("*") if p.is_file())
-    text = json.dumps([metadata.version("matplotlib"), files])
+    text = json.dumps([PYTHON, str(student_environment()[0]), metadata.version("matplotlib"), files])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -184,9 +186,9 @@ def _check_font_list(name: str, text: str) -> None:
 def font_list() -> tuple[int, str] | None:
     """matplotlib's font list as a sandbox sees the fonts: a file in memory (its descriptor) and its name. Each
     sandbox gets it read-only, otherwise every ``import matplotlib.pyplot`` in a fresh sandbox scans the fonts again.
-    Made in a sandbox once per machine, matplotlib version and set of system fonts (``_font_key``) and kept in the
-    user's cache folder, so that each grading process (each Dask worker) does not make it again: half a second
-    each. None where it cannot be made."""
+    Made in a sandbox once per environment and set of system fonts (``_font_key``) and kept in the user's cache
+    folder, so that each grading process (each Dask worker) does not make it again: half a second each. None where
+    it cannot be made."""
     cached = _font_cache() / f"fonts-{_font_key()}.json"
     try:
         name, text = json.loads(cached.read_text())
