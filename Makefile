@@ -15,7 +15,7 @@ help:
 # (Re)create the virtual environment whenever requirements.txt changes. A first install takes minutes:
 # pip names each package as it fetches and installs it (lines for requirements already met are left out).
 # pip would compile the packages' bytecode one file at a time; compileall does it on every core (a few files that
-# packages ship as examples of bad syntax fail there, as they do under pip: the status is not checked).
+# packages ship for newer Pythons fail there, as they do under pip: the status is not checked).
 $(STAMP): requirements.txt pyproject.toml
 	@echo "make: installing requirements.txt into $(VENV) (minutes the first time)"
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
