@@ -16,10 +16,10 @@ from nbgrader.preprocessors import (
     SaveCells,
 )
 
-from mha_lab.grading.course import FEEDBACK_EXPORTER, feedback_exporter, use_own_scripts
+from mha_lab.grading.course import FEEDBACK_EXPORTER, feedback_exporter, stamp_in_process
 from mha_lab.instructor.stubs import TaskStubs
 
-use_own_scripts()  # nbgrader runs its environment's `alembic` when it makes a gradebook: no activated venv needed
+stamp_in_process()  # a new gradebook's schema revision is read here, not by running `alembic`: no activated venv needed
 
 c = get_config()  # noqa: F821 - provided by traitlets when it loads this file
 

@@ -12,9 +12,7 @@
 from __future__ import annotations
 
 import csv
-import os
 import shutil
-import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -76,21 +74,18 @@ def hostile_feedback(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("course")
     shutil.copy(REPO / "nbgrader_config.py", root)
     nb = _hostile_notebook()
-    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])  # nbgrader runs alembic
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("PATH", path)
-        with course.gradebook(root) as gb:
-            gb.update_or_create_assignment("hw")
-            gb.add_notebook("hw", "hw")
-            gb.add_grade_cell("t_f", "hw", "hw", max_score=1.0, cell_type="code")
-            gb.add_source_cell("t_f", "hw", "hw", cell_type="code", source=nb.cells[3].source, locked=True)
-            for cell in (nb.cells[0], nb.cells[2]):
-                gb.add_solution_cell(cell.metadata.nbgrader["grade_id"], "hw", "hw")
-                gb.add_source_cell(cell.metadata.nbgrader["grade_id"], "hw", "hw", cell_type=cell.cell_type, source="")
-            gb.update_or_create_student("eve")
-            gb.add_submission("hw", "eve")
-            gb.find_grade("t_f", "hw", "hw", "eve").auto_score = 1.0
-            gb.db.commit()
+    with course.gradebook(root) as gb:
+        gb.update_or_create_assignment("hw")
+        gb.add_notebook("hw", "hw")
+        gb.add_grade_cell("t_f", "hw", "hw", max_score=1.0, cell_type="code")
+        gb.add_source_cell("t_f", "hw", "hw", cell_type="code", source=nb.cells[3].source, locked=True)
+        for cell in (nb.cells[0], nb.cells[2]):
+            gb.add_solution_cell(cell.metadata.nbgrader["grade_id"], "hw", "hw")
+            gb.add_source_cell(cell.metadata.nbgrader["grade_id"], "hw", "hw", cell_type=cell.cell_type, source="")
+        gb.update_or_create_student("eve")
+        gb.add_submission("hw", "eve")
+        gb.find_grade("t_f", "hw", "hw", "eve").auto_score = 1.0
+        gb.db.commit()
     folder = root / "autograded" / "eve" / "hw"
     folder.mkdir(parents=True)
     nbformat.write(nb, folder / "hw.ipynb")
@@ -271,11 +266,10 @@ def test_long_canvas_and_nbgrader_exports_neutralise_ids(tmp_path):
 
 
 @pytest.mark.slow
-def test_nbgrader_export_and_similarity_csv_neutralise_ids(tmp_path, monkeypatch):
+def test_nbgrader_export_and_similarity_csv_neutralise_ids(tmp_path):
     from nbgrader.apps import ExportApp
     from nbgrader.coursedir import CourseDirectory
 
-    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")  # nbgrader's alembic
     with course.gradebook(tmp_path) as gb:
         gb.add_assignment("hw")
         for s in HOSTILE_IDS:
@@ -310,7 +304,6 @@ def test_a_hostile_class_graded_for_real_attacks_nobody(tmp_path, monkeypatch):
     from mha_lab.grading.judge import HIDDEN_DIR_ENV
     from mha_lab.instructor import grade as grading_cli
 
-    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")  # nbgrader's alembic
     monkeypatch.setenv(HIDDEN_DIR_ENV, str(tmp_path / "hidden"))
     (tmp_path / "hidden").mkdir()
     (tmp_path / "hidden" / "test_demo.py").write_text(HIDDEN)

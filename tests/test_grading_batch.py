@@ -9,8 +9,12 @@ whose grading process dies, once and always.
 from __future__ import annotations
 
 import csv
+import os
 import re
 import shutil
+import sqlite3
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -236,3 +240,23 @@ def test_summary_fits_100_columns_and_says_where_the_whole_lists_are():
     assert "every cell and message is in grades_x.csv" in table
     assert next(ln for ln in table.splitlines() if ln.startswith("late ")).split()[1:4] == ["9", "10", "12"]
     assert "mean final score of the graded 5.00 / 12" in table
+
+
+def test_a_new_gradebook_is_stamped_with_nbgraders_revision_without_running_alembic(tmp_path, monkeypatch):
+    """nbgrader stamps a gradebook it makes with the head of its migrations, which it asks its ``alembic`` script
+    for; ``course.gradebook`` reads that head in this process. Bugs this catches: a stamp that is not nbgrader's
+    head (a constant gone stale with an upgrade: nbgrader would then try to migrate the gradebook), and a
+    gradebook still stamped by running ``alembic`` (1.2 s per new gradebook, and a failure where that script is
+    not on PATH)."""
+    asked = subprocess.run([sys.executable, "-c", "import nbgrader.api; print(nbgrader.api.get_alembic_version())"],
+                           env={**os.environ, "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"},
+                           capture_output=True, text=True, check=True).stdout.strip()
+    def run(args, *_, **__):
+        raise AssertionError(f"the gradebook was stamped by running {args}")
+
+    monkeypatch.setattr(subprocess, "check_output", run)  # what nbgrader.api calls
+    with courses.gradebook(tmp_path) as gb:
+        gb.add_assignment("hw")
+    with sqlite3.connect(tmp_path / "gradebook.db") as db:
+        assert db.execute("SELECT version_num FROM alembic_version").fetchall() == [(asked,)]
+    assert re.fullmatch(r"[0-9a-f]{12}", asked), asked

@@ -12,10 +12,8 @@ import contextlib
 import csv
 import html
 import io
-import os
 import re
 import shutil
-import sys
 import tokenize
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -394,28 +392,25 @@ def _notebook(student: str, scores: tuple[float, ...]) -> nbformat.NotebookNode:
 def small_class(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("class")
     shutil.copy(REPO / "nbgrader_config.py", root)
-    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])  # nbgrader runs alembic
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("PATH", path)
-        with course.gradebook(root) as gb:
-            gb.update_or_create_assignment("hw", duedate=DUE)
-            gb.add_notebook("hw", "hw")
-            for cell, points in CELLS.items():
-                gb.add_grade_cell(cell, "hw", "hw", max_score=points, cell_type="code")
-            gb.add_solution_cell("ans_f", "hw", "hw")
-            gb.add_source_cell("ans_f", "hw", "hw", cell_type="code", source="def f(x):\n    raise NotImplementedError")
-            for i, (s, scores) in enumerate({**SCORES, "gus": (0, 0, 0)}.items()):
-                gb.update_or_create_student(s)
-                gb.add_submission("hw", s, timestamp=DUE + timedelta(hours=5 * i - 2))
-                for cell, got in zip(CELLS, scores, strict=True):
-                    gb.find_grade(cell, "hw", "hw", s).auto_score = got
-                if s == "bob":  # 3 h late: the report's scores are final ones
-                    gb.find_submission_notebook("hw", "hw", s).late_submission_penalty = 1.0
-                if s != "gus":  # recorded, but no notebook was run: not graded
-                    folder = root / "autograded" / s / "hw"
-                    folder.mkdir(parents=True)
-                    nbformat.write(_notebook(s, scores), folder / "hw.ipynb")
-            gb.db.commit()
+    with course.gradebook(root) as gb:
+        gb.update_or_create_assignment("hw", duedate=DUE)
+        gb.add_notebook("hw", "hw")
+        for cell, points in CELLS.items():
+            gb.add_grade_cell(cell, "hw", "hw", max_score=points, cell_type="code")
+        gb.add_solution_cell("ans_f", "hw", "hw")
+        gb.add_source_cell("ans_f", "hw", "hw", cell_type="code", source="def f(x):\n    raise NotImplementedError")
+        for i, (s, scores) in enumerate({**SCORES, "gus": (0, 0, 0)}.items()):
+            gb.update_or_create_student(s)
+            gb.add_submission("hw", s, timestamp=DUE + timedelta(hours=5 * i - 2))
+            for cell, got in zip(CELLS, scores, strict=True):
+                gb.find_grade(cell, "hw", "hw", s).auto_score = got
+            if s == "bob":  # 3 h late: the report's scores are final ones
+                gb.find_submission_notebook("hw", "hw", s).late_submission_penalty = 1.0
+            if s != "gus":  # recorded, but no notebook was run: not graded
+                folder = root / "autograded" / s / "hw"
+                folder.mkdir(parents=True)
+                nbformat.write(_notebook(s, scores), folder / "hw.ipynb")
+        gb.db.commit()
     (root / "submitted" / "hal" / "hw").mkdir(parents=True)  # handed in, never graded
     (root / "tests" / "hidden").mkdir(parents=True)
     (root / "tests" / "hidden" / "test_hw.py").write_text('PACKAGE_ANSWERS = {"f": ["mha_lab.cpu.softmax"]}\n')

@@ -16,7 +16,6 @@ import io
 import os
 import re
 import shutil
-import sys
 from datetime import datetime
 from pathlib import Path
 
@@ -284,9 +283,7 @@ def test_extensions_csv_errors_name_the_line(tmp_path):
         term.read_extensions(tmp_path)
 
 
-def test_an_extension_without_a_due_date_is_refused_before_grading(tmp_path, monkeypatch):
-    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")  # nbgrader's alembic
-
+def test_an_extension_without_a_due_date_is_refused_before_grading(tmp_path):
     (tmp_path / "nbgrader_config.py").write_text("c = get_config()\n")
     (tmp_path / term.EXTENSIONS).write_text("student,assignment,due\nalice,ps1,2026-11-25 17:00:00 UTC\n")
     term.check(tmp_path, ["ps2"])  # nothing extends ps2
@@ -301,11 +298,10 @@ def test_an_extension_without_a_due_date_is_refused_before_grading(tmp_path, mon
     term.check(tmp_path, ["ps1"])
 
 
-def test_an_export_of_an_unknown_assignment_or_student_is_refused(tmp_path, monkeypatch):
+def test_an_export_of_an_unknown_assignment_or_student_is_refused(tmp_path):
     """A misspelt ``--assignment`` or ``--student`` fails with the names, instead of a CSV with no rows."""
     from nbgrader.apps import ExportApp
 
-    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")  # nbgrader's alembic
     with courses.gradebook(tmp_path) as gb:
         gb.add_assignment("ps1")
         gb.update_or_create_student("amy")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import functools
 import importlib.util
 import os
 import shutil
@@ -21,7 +22,7 @@ import nbformat
 
 from mha_lab.grading import safe_html
 
-__all__ = ["COURSE_ID", "use_own_scripts", "nbgrader", "convert", "gradebook", "students", "id_problem",
+__all__ = ["COURSE_ID", "stamp_in_process", "nbgrader", "convert", "gradebook", "students", "id_problem",
            "assignments", "register", "release_files", "locate", "submitted_notebook", "merge", "FEEDBACK_EXPORTER",
            "feedback_exporter", "feedback"]
 
@@ -29,23 +30,28 @@ COURSE_ID = "mha_lab"  # as in nbgrader_config.py
 MAX_NOTEBOOK_BYTES = 20 * 2**20
 
 
-def _with_own_scripts(path: str) -> str:
-    """``path`` (a PATH) with this interpreter's scripts folder first, where nbgrader finds its ``alembic``."""
-    scripts = str(Path(sys.executable).parent)
-    return path if path.split(os.pathsep)[:1] == [scripts] else os.pathsep.join(filter(None, [scripts, path]))
+def stamp_in_process() -> None:
+    """Have nbgrader stamp each gradebook it makes with its schema's revision read in this process
+    (``_schema_head``). nbgrader asks its environment's ``alembic`` script for it: a second interpreter's start
+    (1.2 s per new gradebook), and ``FileNotFoundError: 'alembic'`` where that script is not on PATH, as without
+    an activated virtual environment. nbgrader_config.py calls it, so ``.venv/bin/nbgrader`` works as typed."""
+    import nbgrader.api
+
+    nbgrader.api.get_alembic_version = _schema_head
 
 
-def use_own_scripts() -> None:
-    """Put this interpreter's scripts folder first on PATH: nbgrader runs its environment's ``alembic`` script when
-    it makes a gradebook, and without an activated virtual environment that script is not on PATH
-    (``FileNotFoundError: 'alembic'``). nbgrader_config.py calls it, so ``.venv/bin/nbgrader`` works as typed."""
-    os.environ["PATH"] = _with_own_scripts(os.environ.get("PATH", ""))
+@functools.cache
+def _schema_head() -> str:
+    """The head revision of nbgrader's gradebook migrations, what ``alembic heads`` prints first."""
+    import nbgrader
+    from alembic.script import ScriptDirectory
+
+    return ScriptDirectory(str(Path(nbgrader.__file__).parent / "alembic")).get_current_head()
 
 
 def nbgrader(course: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     """Run ``nbgrader <args>`` in the course folder (its nbgrader_config.py applies)."""
-    env = {**os.environ, "PATH": _with_own_scripts(os.environ.get("PATH", ""))}
-    return subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=course, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=course, capture_output=True,
                           text=True, timeout=timeout, check=False)
 
 
@@ -63,7 +69,7 @@ def convert(course: Path, converter: str, assignment: str, settings: dict[str, A
     from traitlets.config import Config
     from traitlets.config.loader import PyFileConfigLoader
 
-    use_own_scripts()
+    stamp_in_process()
     config = PyFileConfigLoader("nbgrader_config.py", path=str(course)).load_config()
     extra = Config()
     for name, value in {"CourseDirectory.root": str(Path(course).resolve()), **(settings or {})}.items():
@@ -85,7 +91,7 @@ def gradebook(course: Path) -> Iterator[Any]:
     """nbgrader's ``Gradebook`` of ``<course>/gradebook.db`` (made when missing), SQLAlchemy's warnings silenced."""
     from nbgrader.api import Gradebook
 
-    use_own_scripts()  # a new gradebook is stamped by nbgrader's ``alembic`` script
+    stamp_in_process()
 
     with Gradebook(f"sqlite:///{Path(course) / 'gradebook.db'}", course_id=COURSE_ID) as gb, warnings.catch_warnings():
         warnings.simplefilter("ignore")  # SQLAlchemy's, about nbgrader's own session handling

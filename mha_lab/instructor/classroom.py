@@ -275,12 +275,7 @@ def run_grader(course: Path, assignment: str, *, jobs: int = 2, timeout: float =
     python = sys.executable
     if uid is not None:  # the system's interpreter on this environment's packages: a venv's may be in root's home
         python = shutil.which(f"python{sys.version_info[0]}.{sys.version_info[1]}", path="/usr/bin:/bin") or python
-        scripts = Path(course) / ".bin"  # the scripts nbgrader calls (alembic), on that interpreter
-        scripts.mkdir(exist_ok=True)
-        (scripts / "alembic").write_text(f'#!/bin/sh\nexec {python} -m alembic "$@"\n')
-        (scripts / "alembic").chmod(0o755)
-        os.chown(scripts, uid, uid)
-        env |= {"HOME": str(course), "PYTHONDONTWRITEBYTECODE": "1", "PATH": f"{scripts}:/usr/bin:/bin",
+        env |= {"HOME": str(course), "PYTHONDONTWRITEBYTECODE": "1", "PATH": "/usr/bin:/bin",
                 "JUPYTER_PATH": str(Path(sys.prefix) / "share" / "jupyter"),
                 "PYTHONPATH": os.pathsep.join([env["PYTHONPATH"], sysconfig.get_paths()["purelib"]])}
     user = [] if uid is None else ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
