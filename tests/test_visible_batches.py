@@ -4,6 +4,8 @@ Each graded function with a batch axis has a mutant wrong only for B > 1 (``BATC
 ``tests/mutants/<assignment>.py``). The release, filled with the solution and that one mutant, runs top
 to bottom in a Jupyter kernel, as a student runs it, from its own folder (its ``expected.npz``): the
 tests cells the mutant names must fail there, and the same notebook without the mutant fails none.
+The cases of one assignment share its kernel (a kernel's start costs about a second); each case begins
+with ``%reset -f``, which leaves no name of the case before, as a restart would.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from jupyter_client import KernelManager
 from nbclient import NotebookClient
 
 from mha_lab.instructor.classroom import answer_cell, fill_release, mutants
@@ -28,13 +31,34 @@ def batch_mutants(assignment: str) -> list:
     return getattr(importlib.import_module(f"tests.mutants.{assignment}"), "BATCH_MUTANTS", [])
 
 
-def failing_cells(assignment: str, edits: dict[str, str]) -> set[str]:
-    """The grade_ids of the tests cells that raise when the filled release runs in a kernel."""
+@pytest.fixture(scope="module")
+def kernels():
+    """``kernel(assignment)``: that assignment's Jupyter kernel, started in its release folder on first use."""
+    started: dict[str, KernelManager] = {}
+
+    def kernel(assignment: str) -> KernelManager:
+        if assignment not in started:
+            started[assignment] = KernelManager(kernel_name="python3")
+            started[assignment].start_kernel(cwd=str(REPO / "assignments" / assignment))
+        return started[assignment]
+
+    yield kernel
+    for km in started.values():
+        km.shutdown_kernel(now=True)
+
+
+def failing_cells(assignment: str, edits: dict[str, str], kernel: KernelManager) -> set[str]:
+    """The grade_ids of the tests cells that raise when the filled release runs in ``kernel``."""
     release = nbformat.read(REPO / "assignments" / assignment / f"{assignment}.ipynb", as_version=4)
     solution = nbformat.read(REPO / "solutions" / assignment / f"{assignment}.ipynb", as_version=4)
     nb = fill_release(release, solution, edits)
-    NotebookClient(nb, timeout=120, allow_errors=True, kernel_name="python3",
-                   resources={"metadata": {"path": str(REPO / "assignments" / assignment)}}).execute()
+    nb.cells.insert(0, nbformat.v4.new_code_cell("%reset -f"))  # the names of the case before: gone
+    client = NotebookClient(nb, km=kernel, timeout=120, allow_errors=True)
+    try:
+        client.execute()
+    finally:
+        if client.kc is not None:
+            client.kc.stop_channels()
     return {c.metadata["nbgrader"]["grade_id"] for c in nb.cells
             if c.cell_type == "code" and c.metadata.get("nbgrader", {}).get("grade")
             and any(o.output_type == "error" for o in c.outputs)}
@@ -46,9 +70,10 @@ CASES = [(a, m) for a in ASSIGNMENTS for m in batch_mutants(a)]
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("assignment", ASSIGNMENTS)
-def test_every_graded_function_with_a_batch_has_a_batch_mutant(assignment):
+def test_every_graded_function_with_a_batch_has_a_batch_mutant(assignment, kernels):
     """The solution passes its visible tests; its batch mutants cover each graded function that has a batch."""
-    assert failing_cells(assignment, {}) == set(), f"{assignment}: the solution fails its own visible tests"
+    failed = failing_cells(assignment, {}, kernels(assignment))
+    assert failed == set(), f"{assignment}: the solution fails its own visible tests {sorted(failed)}"
     solution = nbformat.read(REPO / "solutions" / assignment / f"{assignment}.ipynb", as_version=4)
     answers = {c.metadata["nbgrader"]["grade_id"] for c in solution.cells
                if c.metadata.get("nbgrader", {}).get("solution")}
@@ -58,8 +83,9 @@ def test_every_graded_function_with_a_batch_has_a_batch_mutant(assignment):
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(("assignment", "mutant"), CASES, ids=[f"{a}-{m.name}" for a, m in CASES])
-def test_a_bug_only_for_a_batch_fails_a_visible_test(assignment, mutant):
+def test_a_bug_only_for_a_batch_fails_a_visible_test(assignment, mutant, kernels):
     solution = nbformat.read(REPO / "solutions" / assignment / f"{assignment}.ipynb", as_version=4)
-    failed = failing_cells(assignment, {mutant.grade_id: mutant.apply(answer_cell(solution, mutant.grade_id))})
+    failed = failing_cells(assignment, {mutant.grade_id: mutant.apply(answer_cell(solution, mutant.grade_id))},
+                           kernels(assignment))
     assert failed == mutant.breaks, f"{mutant.name}: expected the visible tests {sorted(mutant.breaks)} to fail, " \
                                     f"{sorted(failed)} failed"
