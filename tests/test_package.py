@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 CONTRACT = {
@@ -47,12 +48,19 @@ def test_ruff_is_clean():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_every_command_answers_its_own_help():
-    from mha_lab.__main__ import COMMANDS
+def test_every_command_answers_its_own_help(capsys):
+    """``python -m mha_lab NAME --help`` prints NAME's own usage: the entry point as typed once, in a new
+    interpreter, then every command through the same ``main`` in this one (an interpreter's start per command
+    cost a second each)."""
+    from mha_lab.__main__ import COMMANDS, main
 
+    typed = subprocess.run([sys.executable, "-m", "mha_lab", "grade", "--help"], capture_output=True, text=True,
+                           cwd=ROOT)
+    assert typed.returncode == 0 and typed.stdout.startswith("usage: python -m mha_lab grade"), typed.stderr
     for name in COMMANDS:
-        result = subprocess.run([sys.executable, "-m", "mha_lab", name, "--help"], capture_output=True, text=True,
-                                cwd=ROOT)
-        assert result.returncode == 0, result.stderr
-        assert result.stdout.startswith("usage: python -m mha_lab") and "COMMAND" not in result.stdout, (
-            f"{name} --help should print the command's own usage: {result.stdout}")
+        with pytest.raises(SystemExit) as exited:
+            main([name, "--help"])
+        out = capsys.readouterr().out
+        assert exited.value.code == 0, (name, capsys.readouterr().err)
+        assert out.startswith(f"usage: python -m mha_lab {name}") and "COMMAND" not in out, (
+            f"{name} --help should print the command's own usage: {out}")
