@@ -4,7 +4,8 @@ Three layers: the chapters' sources (each chapter has a "Self-check" section of 
 its exercises); the directive on a one-page project built here in seconds (it renders, refuses a
 malformed question, and in headless Chromium marks a wrong answer wrong and the right one right);
 and the built site, where every question of every chapter is answered wrong, then right, offline and
-without a console error.
+without a console error: ``chapter_self_checks``, run by test_site.py's check of every page on each chapter
+it has loaded (a second pass over the chapters would load and typeset each one again).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 import nbformat
 import pytest
 import yaml
-from test_site import CHROMIUM, CHROMIUM_ARGS, _QuietHandler, needs_chromium, server  # noqa: F401 - fixture
+from test_site import CHROMIUM, CHROMIUM_ARGS, _QuietHandler, needs_chromium
 
 REPO = Path(__file__).resolve().parents[1]
 EXT = REPO / "book" / "_ext"
@@ -233,6 +234,16 @@ def answer_every_question(page) -> list[str]:
     return problems
 
 
+def chapter_self_checks(page, chapter: str) -> list[str]:
+    """What is wrong with the self-checks of a built chapter's page (``book/NN_name.html``) open in ``page``: one
+    shown for each written in its source, each marked wrong, then right (``answer_every_question``). The site's
+    check, ``test_site.test_every_page_renders_offline``, calls it on every chapter it has loaded."""
+    written = len(SELF_CHECK.findall((REPO / chapter).with_suffix(".md").read_text()))
+    count = page.locator("div.self-check").count()
+    problems = [] if count == written else [f"{count} self-checks shown of {written} written (see the build log)"]
+    return problems + answer_every_question(page)
+
+
 def serve(folder: Path):
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(folder)))
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
@@ -283,23 +294,3 @@ def test_the_checker_notices_questions_that_do_not_answer(tmp_path, browser):
         httpd.shutdown()
         httpd.server_close()
     assert len(problems) == 2 and all("not set up" in p for p in problems), problems
-
-
-# --------------------------------------------------------------------------------------------
-# The built site
-# --------------------------------------------------------------------------------------------
-
-@needs_chromium
-def test_every_chapters_self_checks_work_offline(built_site: Path, server: str, browser):  # noqa: F811
-    failures = {}
-    for chapter in chapters():
-        path = f"{chapter}.html"
-        context, page, errors, blocked = open_offline(browser, server, path)
-        written = len(SELF_CHECK.findall((REPO / f"{chapter}.md").read_text()))
-        count = page.locator("div.self-check").count()
-        problems = [] if count == written else [f"{count} self-checks shown of {written} written (see the build log)"]
-        problems += answer_every_question(page) + errors + [f"request to another host: {u}" for u in blocked]
-        context.close()
-        if problems:
-            failures[path] = problems
-    assert not failures, "\n".join(f"{p}:\n  " + "\n  ".join(v) for p, v in failures.items())

@@ -19,8 +19,10 @@ import functools
 import http.server
 import re
 import threading
+from collections.abc import Callable
 from html.parser import HTMLParser
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import pytest
@@ -220,8 +222,10 @@ def broken_links(links: list[str], base: str, root: Path) -> list[str]:
 
 
 def check_page(browser, base: str, root: Path, page_path: str, screenshot: Path | None,
-               render_timeout_ms: int = 20_000, width: int = WIDTH) -> list[str]:
-    """Load one page offline at ``width`` px and return the list of problems found on it."""
+               render_timeout_ms: int = 20_000, width: int = WIDTH,
+               then: Callable[[Any], list[str]] | None = None) -> list[str]:
+    """Load one page offline at ``width`` px and return the list of problems found on it, with those ``then``
+    finds when it is handed the page after the checks (and the screenshot)."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
     context = browser.new_context(viewport={"width": width, "height": 900})
@@ -257,12 +261,13 @@ def check_page(browser, base: str, root: Path, page_path: str, screenshot: Path 
         report = page.evaluate(PAGE_REPORT_JS) | page.evaluate(LAYOUT_REPORT_JS)
         if screenshot is not None:
             page.screenshot(path=str(screenshot), full_page=True)
+        found = then(page) if then is not None else []
     except Exception as exc:  # a timeout names the step that never finished
         return [f"{type(exc).__name__}: {str(exc).splitlines()[0]}"] + errors + [f"blocked {u}" for u in blocked]
     finally:
         context.close()
 
-    problems = list(errors)
+    problems = list(errors) + found
     problems += [f"request to another host (the site must work offline): {u}" for u in blocked]
     if not report["title"] or not report["h1"] or not report["h1Visible"]:
         problems.append(f"no visible title (title={report['title']!r}, h1={report['h1']!r})")
@@ -304,17 +309,24 @@ def check_page(browser, base: str, root: Path, page_path: str, screenshot: Path 
 
 @needs_chromium
 def test_every_page_renders_offline(built_site: Path, server: str, browser):
-    """Each page: title shown, math typeset, images loaded, diagrams drawn, no errors, links resolve."""
+    """Each page: title shown, math typeset, images loaded, diagrams drawn, no errors, links resolve; on each
+    chapter, every self-check answered wrong, then right (``test_selfcheck.chapter_self_checks``)."""
     shots = built_site.parent / "screenshots"
     shots.mkdir(exist_ok=True)
     for old in shots.glob("*.png"):  # this run's shots only; folders beside them (kept for comparison) stay
         old.unlink()
+    from test_selfcheck import chapter_self_checks, chapters  # that module imports this one's fixtures
+
     pages = site_pages(built_site)
     assert "book/intro.html" in pages and len(pages) >= 4, f"the build produced too few pages: {pages}"
+    with_self_checks = {f"{c}.html" for c in chapters()}
+    assert with_self_checks <= set(pages), sorted(with_self_checks - set(pages))
     failures = {}
     for page_path in pages:
         shot = shots / re.sub(r"\W", "_", page_path.removesuffix(".html")) if page_path in SCREENSHOT_PAGES else None
-        problems = check_page(browser, server, built_site, page_path, shot.with_suffix(".png") if shot else None)
+        then = functools.partial(chapter_self_checks, chapter=page_path) if page_path in with_self_checks else None
+        problems = check_page(browser, server, built_site, page_path, shot.with_suffix(".png") if shot else None,
+                              then=then)
         if page_path in PHONE_SCREENSHOT_PAGES:  # the layout rules are for the desktop width; this is a look
             phone = shots / (re.sub(r"\W", "_", page_path.removesuffix(".html")) + "_phone.png")
             sizing = ("wider than the column", "too narrow", "below its natural size", "pt as displayed")
