@@ -217,9 +217,12 @@ def dask_client(jobs: int = 2, scheduler: str | None = None) -> Iterator[Any]:
     from distributed import Client
 
     # a task whose worker dies is tried once more, and holds no other task up (each worker holds only the
-    # task it runs); workers may start sandboxes
+    # task it runs); workers may start sandboxes. Workers are forked from one server process per grading process,
+    # which has imported distributed and NumPy once: a worker spawned afresh imported them itself (0.6 s each,
+    # for every worker of every class graded, and for each one restarted because its judging hung)
     with dask.config.set({"distributed.scheduler.allowed-failures": 1, "distributed.scheduler.worker-saturation": 1.0,
-                          "distributed.worker.daemon": False}):
+                          "distributed.worker.daemon": False,
+                          "distributed.worker.multiprocessing-method": "forkserver"}):
         with Client(scheduler) if scheduler else Client(n_workers=jobs, threads_per_worker=1, processes=True,
                                                         dashboard_address=None, silence_logs=50) as client:
             yield client
