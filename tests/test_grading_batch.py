@@ -260,3 +260,19 @@ def test_a_new_gradebook_is_stamped_with_nbgraders_revision_without_running_alem
     with sqlite3.connect(tmp_path / "gradebook.db") as db:
         assert db.execute("SELECT version_num FROM alembic_version").fetchall() == [(asked,)]
     assert re.fullmatch(r"[0-9a-f]{12}", asked), asked
+
+
+def _environment_variable(name: str) -> str | None:
+    return os.environ.get(name)  # run on a grading worker
+
+
+@pytest.mark.timeout(120)
+def test_workers_see_the_grading_processs_environment_as_it_is_when_they_start(monkeypatch):
+    """Grading workers are forked from a server started with the first class graded, which keeps the environment
+    it had then. The bug this catches: a variable set afterwards (a course's hidden-checks folder, named by
+    ``MHA_LAB_HIDDEN_DIR`` before the next class is graded) unseen by the next class's workers."""
+    with batch.dask_client(1) as client:
+        client.submit(_environment_variable, "PATH").result()  # the server runs from here on
+    monkeypatch.setenv("MHA_LAB_TEST_PROBE", "set after the first class")
+    with batch.dask_client(1) as client:
+        assert client.submit(_environment_variable, "MHA_LAB_TEST_PROBE").result() == "set after the first class"

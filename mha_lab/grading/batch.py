@@ -7,6 +7,7 @@ writes the gradebook, autograded notebooks and feedback, after the sandboxes.
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -219,12 +220,14 @@ def dask_client(jobs: int = 2, scheduler: str | None = None) -> Iterator[Any]:
     # a task whose worker dies is tried once more, and holds no other task up (each worker holds only the
     # task it runs); workers may start sandboxes. Workers are forked from one server process per grading process,
     # which has imported distributed and NumPy once: a worker spawned afresh imported them itself (0.6 s each,
-    # for every worker of every class graded, and for each one restarted because its judging hung)
+    # for every worker of every class graded, and for each one restarted because its judging hung). The server
+    # keeps the environment it started with: each worker is given this process's environment as it is now.
     with dask.config.set({"distributed.scheduler.allowed-failures": 1, "distributed.scheduler.worker-saturation": 1.0,
                           "distributed.worker.daemon": False,
                           "distributed.worker.multiprocessing-method": "forkserver"}):
         with Client(scheduler) if scheduler else Client(n_workers=jobs, threads_per_worker=1, processes=True,
-                                                        dashboard_address=None, silence_logs=50) as client:
+                                                        dashboard_address=None, silence_logs=50,
+                                                        env=dict(os.environ)) as client:
             yield client
 
 
