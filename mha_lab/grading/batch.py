@@ -190,25 +190,30 @@ def _outputs(text: str, error: str) -> list[nbformat.NotebookNode]:
     return outputs
 
 
-def record(course: Path, assignment: str, results: Iterable[StudentResult]) -> list[str]:
+def record(course: Path, assignment: str, results: Iterable[StudentResult], gradebook: Any = None) -> list[str]:
     """Write each result that graded anything (cells or notebooks): its scores to the gradebook, its notebooks to
-    ``autograded/<student>/<assignment>/``. Returns their students."""
+    ``autograded/<student>/<assignment>/``. Returns their students. ``gradebook``: the course's, open (a grading
+    run keeps one open: each one opened compiles its queries afresh); else one is opened for these results."""
     done = [r for r in results if r.notebooks or r.cells]
-    for r in done:
-        with courses.gradebook(course) as gb:
-            gb.update_or_create_student(r.student)
-            gb.update_or_create_submission(assignment, r.student)
-            for c in r.cells:
-                grade = gb.find_grade(c.grade_id, c.notebook, assignment, r.student)
-                grade.auto_score = c.score  # as nbgrader's SaveAutoGrades; memory not measured: the instructor's
-                grade.needs_manual_grade = NOT_MEASURED in c.message
-            gb.db.commit()
-        folder = Path(course) / "autograded" / r.student / assignment
-        shutil.rmtree(folder, ignore_errors=True)
-        folder.mkdir(parents=True)
-        for name, nb in r.notebooks.items():
-            nbformat.write(nbformat.from_dict(nb), folder / name)
+    with nullcontext(gradebook) if gradebook is not None else courses.gradebook(course) as gb:
+        for r in done:
+            _record(course, assignment, r, gb)
     return [r.student for r in done]
+
+
+def _record(course: Path, assignment: str, r: StudentResult, gb: Any) -> None:
+    gb.update_or_create_student(r.student)
+    gb.update_or_create_submission(assignment, r.student)
+    for c in r.cells:
+        grade = gb.find_grade(c.grade_id, c.notebook, assignment, r.student)
+        grade.auto_score = c.score  # as nbgrader's SaveAutoGrades; memory not measured: the instructor's
+        grade.needs_manual_grade = NOT_MEASURED in c.message
+    gb.db.commit()
+    folder = Path(course) / "autograded" / r.student / assignment
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    for name, nb in r.notebooks.items():
+        nbformat.write(nbformat.from_dict(nb), folder / name)
 
 
 @contextmanager
@@ -263,10 +268,10 @@ def grade_class(course: Path, assignment: str, *, students: Iterable[str] | None
                                  resources=needs or None): s
                    for s in names if s not in results}
         with tqdm(total=len(names), initial=len(results), desc=f"grade {assignment}", unit="submission",
-                  disable=not progress) as bar:
+                  disable=not progress) as bar, courses.gradebook(course) as gb:
             for s, result in _as_graded(client, futures, limits.seconds + grace):
                 results[s] = result
-                recorded += record(course, assignment, [result])
+                recorded += record(course, assignment, [result], gb)
                 bar.update(1)
     if before_feedback is not None:
         before_feedback(recorded)
