@@ -40,7 +40,7 @@ from mha_lab.instructor import grade as cli
 MiB = 2**20
 GRADER_PEAK = 64 * MiB  # what grading one hostile submission may add to the grader's process, at most
 TIMEOUT = 20  # seconds per submission
-CLASS_TIMEOUT, CLASS_GRACE = 10, 5  # for the broken class: its answers take milliseconds; one judging never ends
+CLASS_TIMEOUT, CLASS_GRACE = 6, 3  # for the broken class: its answers take milliseconds; one judging never ends
 
 
 # --- units ---------------------------------------------------------------------------------------
