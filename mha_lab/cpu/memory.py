@@ -159,7 +159,7 @@ def chunked_attention(
     Kg, Vg = K[:, :, None], V[:, :, None]  # (B, h_kv, L, d) -> (B, h_kv, 1, L, d)
     out = np.empty((B, h_kv, n_rep, Lq, V.shape[-1]), dtype=dtype)
     lse = np.empty((B, h_kv, n_rep, Lq, 1), dtype=dtype)
-    # every tile's scores go to one buffer: a new array per tile cost 3-6% of the time at L = 4096
+    # every tile's scores go to one buffer: a new array per tile cost about 4% of the time at L = 4096
     scores = np.empty((n_rep, min(block_q, Lq), min(block_k, Lk)), dtype=dtype)
     # one sequence and K/V head at a time: a tile of scores stays in cache
     for b, g in np.ndindex(B, h_kv):

@@ -202,6 +202,7 @@ def record(course: Path, assignment: str, results: Iterable[StudentResult], grad
 
 
 def _record(course: Path, assignment: str, r: StudentResult, gb: Any) -> None:
+    """One result: its scores into the open gradebook ``gb``, its notebooks into ``autograded/``."""
     gb.update_or_create_student(r.student)
     gb.update_or_create_submission(assignment, r.student)
     for c in r.cells:
