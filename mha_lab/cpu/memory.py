@@ -159,7 +159,7 @@ def chunked_attention(
     Kg, Vg = K[:, :, None], V[:, :, None]  # (B, h_kv, L, d) -> (B, h_kv, 1, L, d)
     out = np.empty((B, h_kv, n_rep, Lq, V.shape[-1]), dtype=dtype)
     lse = np.empty((B, h_kv, n_rep, Lq, 1), dtype=dtype)
-    # every tile's scores go to one buffer: a new array per tile cost about 4% of the time at L = 4096
+    # one buffer for every tile's scores (a new array per tile: 4% slower at L = 4096)
     scores = np.empty((n_rep, min(block_q, Lq), min(block_k, Lk)), dtype=dtype)
     # one sequence and K/V head at a time: a tile of scores stays in cache
     for b, g in np.ndindex(B, h_kv):
@@ -174,9 +174,9 @@ def chunked_attention(
             k_stop = qe if causal else Lk
             for ks in range(0, k_stop, block_k):
                 ke = min(ks + block_k, k_stop)
-                # (n_rep, bq, bk)
+                tile = scores[:, :qe - qs, :ke - ks]  # (n_rep, bq, bk)
                 s = _block_scores(q, Kg[b, g, :, ks:ke], qs, ks, causal,
-                                  None if mask is None else mask[b, g], out=scores[:, :qe - qs, :ke - ks])
+                                  None if mask is None else mask[b, g], out=tile)
                 m_i, l_i, acc = online_softmax_step(m_i, l_i, acc, s,
                                                     Vg[b, g, :, ks:ke])
             if not np.all(l_i > 0):
