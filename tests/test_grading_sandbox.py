@@ -173,13 +173,15 @@ def test_a_calls_peak_memory_is_read_from_outside_the_sandbox(tmp_path):
     _needs_a_memory_group()
     with closing(RemoteSubmission(tmp_path, Limits(seconds=60))) as student:
         student.run([GRAB])
-        n, x = 4 * 2**20 // 8, np.zeros(2**20 // 8)  # 4 MiB allocated, 1 MiB of input (not counted)
+        n, x = 4 * 2**20 // 8, np.zeros(4 * 2**20 // 8)  # 4 MiB allocated; 4 MiB of input (not counted)
         peaks = {name: student.remote_call(name, (n,), {}, measure=True, replace={})[1] for name in
                  ("grab", "grab_in_child", "forge")}
-        peaks["input only"] = student.remote_call("grab", (x.size // 8,), {"unused": x}, measure=True, replace={})[1]
+        peaks["input only"] = student.remote_call("grab", (2**14,), {"unused": x}, measure=True, replace={})[1]
     mib = {k: round(v / 2**20, 2) for k, v in peaks.items()}
-    # the kernel charges pages to a cgroup in batches of up to 64 per CPU: up to 256 KiB a CPU either way
-    assert 3.5 <= mib["grab"] <= 4.5 and 3.5 <= mib["forge"] <= 4.5 and mib["input only"] <= 0.5, mib
+    # the kernel charges pages to a cgroup in batches of up to 64 per CPU: up to 256 KiB a CPU either way (4.25
+    # MiB is the usual reading here, on 2 CPUs). The last call allocates 1/8 MiB itself; its 4 MiB input, were it
+    # counted, would put it above 3.5 MiB
+    assert 3.5 <= mib["grab"] <= 4.75 and 3.5 <= mib["forge"] <= 4.75 and mib["input only"] <= 1, mib
     assert 3.5 <= mib["grab_in_child"] <= 6, mib  # the child's own copies of the pages it writes count too
 
 
@@ -200,7 +202,8 @@ def test_memory_a_call_keeps_between_calls_counts(tmp_path):
     with closing(RemoteSubmission(tmp_path, Limits(seconds=60))) as student:
         student.run([KEEP])
         peak = student.remote_call("keep", (4 * 2**20 // 8,), {}, measure=True, replace={})[1]
-    assert 3.5 <= peak / 2**20 <= 4.5, f"{peak / 2**20:.2f} MiB: the buffer kept from before the call was missed"
+    # within the kernel's charging batches of 4 MiB, as in the test above
+    assert 3.5 <= peak / 2**20 <= 4.75, f"{peak / 2**20:.2f} MiB: the buffer kept from before the call was missed"
 
 
 IMPORTS = ["import numpy, matplotlib.pyplot, json, tracemalloc", "import mha_lab", "import torch",
