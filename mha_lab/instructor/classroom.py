@@ -270,8 +270,7 @@ def run_grader(course: Path, assignment: str, *, jobs: int = 2, timeout: float =
 
     The process is None when it ran past ``limit`` seconds: then its whole process group is killed.
     """
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-           "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     python = sys.executable
     if uid is not None:  # the system's interpreter on this environment's packages: a venv's may be in root's home
         python = shutil.which(f"python{sys.version_info[0]}.{sys.version_info[1]}", path="/usr/bin:/bin") or python
