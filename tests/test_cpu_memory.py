@@ -53,6 +53,70 @@ def test_chunked_is_stable_for_huge_scores():
     assert_close(out, fused(Q * 300, K, V))
 
 
+def running_max_tiles(monkeypatch) -> list[int]:
+    """Count the tiles that go through ``online_softmax_step``, the running-maximum update."""
+    from mha_lab.cpu import memory
+
+    calls, step = [], memory.online_softmax_step
+    monkeypatch.setattr(memory, "online_softmax_step", lambda *a: calls.append(1) or step(*a))
+    return calls
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_bounded_scores_skip_the_running_max_and_change_nothing(monkeypatch, causal):
+    """Scores of a few units are far inside +-64: no tile needs the maximum, and output and log-sum-exp equal
+    the running maximum's. A shortcut that kept m = -inf (lse = -inf) or forgot the denominator fails here."""
+    Q, K, V = qkv(2, 4, 2, 12, 12, 8, seed=4)
+    tiles = running_max_tiles(monkeypatch)
+    out, lse = chunked_attention(Q, K, V, causal=causal, block_q=5, block_k=4, return_lse=True)
+    assert not tiles, "a bounded block went through the running maximum"
+    kept, kept_lse = chunked_attention(Q, K, V, causal=causal, block_q=5, block_k=4, return_lse=True,
+                                       score_bound=0.0)
+    assert tiles, "score_bound=0 must keep the running maximum"
+    assert_close(out, fused(Q, K, V, create_causal_mask(12) if causal else None))
+    assert_close(out, kept)
+    assert_close(lse, kept_lse)
+
+
+def test_blocks_past_the_bound_keep_the_running_max(monkeypatch):
+    """Query blocks whose scores reach +-1000 next to a block of small ones, in one call: only the big blocks take
+    the running maximum, and all equal the fused result. A bound that forgot the 1/sqrt(d) or |q| would send the
+    big blocks down the shortcut, where e^1000 overflows (NaN) and e^-1000 underflows (a 'fully masked' row)."""
+    Q, K, V = qkv(1, 2, 2, 12, 10, 4, seed=5)
+    Q[:, :, 4:8] *= 400.0  # scores of several hundred, both signs
+    Q[:, :, 8:] *= -1000.0
+    tiles = running_max_tiles(monkeypatch)
+    out = chunked_attention(Q, K, V, block_q=4, block_k=5)
+    assert len(tiles) == 2 * 2 * 2, "2 heads x 2 big query blocks x 2 key blocks"
+    assert np.all(np.isfinite(out))
+    assert_close(out, fused(Q, K, V))
+
+
+def test_the_default_bound_follows_the_dtype(monkeypatch):
+    """float32 holds e^+-88, float64 e^+-709: the default bounds are 8.9 and 71. Scores bounded by 30 take the
+    shortcut in float64 and keep the maximum in float32, where one bound of 71 for both would let e^S times the
+    values overflow float32's sums far sooner than the running maximum does."""
+    Q, K, V = qkv(1, 2, 2, 8, 8, 4, seed=7)
+    bound = np.linalg.norm(Q, axis=-1).max() * np.linalg.norm(K, axis=-1).max() / 2  # 1/sqrt(d) = 1/2
+    Q *= 30.0 / bound
+    tiles = running_max_tiles(monkeypatch)
+    assert_close(chunked_attention(Q, K, V, block_q=4, block_k=4), fused(Q, K, V))
+    assert not tiles
+    Q32, K32, V32 = (t.astype(np.float32) for t in (Q, K, V))
+    assert_close(chunked_attention(Q32, K32, V32, block_q=4, block_k=4), fused(Q, K, V), dtype="float32")
+    assert len(tiles) == 2 * 2 * 2
+
+
+def test_a_mask_keeps_the_running_max(monkeypatch):
+    """An additive mask moves scores by any amount the bound cannot see: every tile keeps the maximum. With the
+    shortcut, the mask's +800 overflows e^S (NaN)."""
+    Q, K, V = qkv(1, 2, 2, 6, 6, 4, seed=6)
+    mask = np.random.default_rng(0).choice([0.0, -2000.0, 800.0], size=(1, 1, 6, 6))
+    tiles = running_max_tiles(monkeypatch)
+    assert_close(chunked_attention(Q, K, V, mask=mask, block_q=3, block_k=3), fused(Q, K, V, mask))
+    assert len(tiles) == 2 * 2 * 2
+
+
 def test_chunked_errors():
     Q, K, V = qkv(1, 3, 2, 4, 4, 2)
     with pytest.raises(ValueError, match="not divisible"):
@@ -64,6 +128,8 @@ def test_chunked_errors():
         chunked_attention(Q, K, V, block_q=0)
     with pytest.raises(ValueError, match="fully masked"):
         chunked_attention(Q, K, V, mask=np.full((1, 1, 1, 5), -np.inf))
+    with pytest.raises(ValueError, match=r"score_bound must lie in \[0, 354.9\] for float64, got 700"):
+        chunked_attention(Q, K, V, score_bound=700)
 
 
 @pytest.mark.parametrize("causal", [False, True])
