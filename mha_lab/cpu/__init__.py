@@ -19,6 +19,7 @@ from mha_lab.cpu.memory import (
     chunked_attention,
     chunked_attention_backward,
     chunked_forward,
+    default_score_bound,
     head_by_head_forward,
 )
 from mha_lab.cpu.per_head import per_head_attention
@@ -38,7 +39,7 @@ __all__ = [
     "scaled_dot_product_attention", "scaled_dot_product_attention_backward",
     "SelfAttention", "MultiHeadAttention", "GroupedQueryAttention",
     "per_head_attention", "head_by_head_forward", "chunked_forward", "chunked_attention", "chunked_attention_backward",
-    "ChunkedLayer", "Checkpointed", "KVCache", "prefill", "decode_step",
+    "default_score_bound", "ChunkedLayer", "Checkpointed", "KVCache", "prefill", "decode_step",
     "sinusoidal_encoding", "LearnedPositions", "apply_rope", "rotation_matrix", "interleaved_to_half",
     "RotaryAttention", "alibi_slopes", "alibi_bias", "LatentAttention", "LatentCache",
 ]

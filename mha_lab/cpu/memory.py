@@ -12,13 +12,14 @@ the input and reruns the fused forward during the backward (gradient checkpointi
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 
 from mha_lab.cpu.attention import GroupedQueryAttention
 from mha_lab.cpu.functional import check_mask, check_rank, merge_heads, split_heads
 from mha_lab.cpu.per_head import head_forward
 
-__all__ = ["head_by_head_forward", "chunked_forward", "online_softmax_step", "chunked_attention",
-           "chunked_attention_backward", "ChunkedLayer",
+__all__ = ["head_by_head_forward", "chunked_forward", "online_softmax_step", "default_score_bound",
+           "chunked_attention", "chunked_attention_backward", "ChunkedLayer",
            "Checkpointed"]
 
 
@@ -120,6 +121,14 @@ def online_softmax_step(m_i: np.ndarray, l_i: np.ndarray, acc: np.ndarray,
     return m_new, l_new, acc
 
 
+def default_score_bound(dtype: npt.DTypeLike) -> float:
+    r"""A tenth of ``dtype``'s exponent range, :math:`\ln(\text{largest})/10`: 71 in float64, 8.9 in float32.
+
+    Scores within it keep :math:`e^{S}` so far inside the range that the sums have the other nine tenths.
+    """
+    return float(np.log(np.finfo(dtype).max)) / 10
+
+
 def chunked_attention(
     Q: np.ndarray, K: np.ndarray, V: np.ndarray, causal: bool = False,
     mask: np.ndarray | None = None, block_q: int = 512, block_k: int = 512,
@@ -145,10 +154,9 @@ def chunked_attention(
     The maximum only keeps :math:`e^{S}` in range. Where Cauchy-Schwarz,
     :math:`|S_{ij}| \le |q_i| \max_j |k_j|`, puts a query block's scores within
     :math:`\pm` ``score_bound``, the block keeps :math:`m = 0` and skips the max, the
-    subtraction and the rescaling. By default the bound is a tenth of the dtype's
-    exponent range, :math:`\ln(\text{largest})/10`: 71 in float64 (:math:`e^{\pm 71}`
-    against :math:`e^{\pm 709}`), 8.9 in float32. ``score_bound=0``, or a ``mask``,
-    keeps the running max.
+    subtraction and the rescaling. The default is ``default_score_bound``, 71 in
+    float64 (:math:`e^{\pm 71}` against :math:`e^{\pm 709}`); a bound given may be up
+    to half the range. ``score_bound=0``, or a ``mask``, keeps the running max.
 
     Shapes:
         Q: (B, h, L_q, d); K, V: (B, h_kv, L_k, d), h % h_kv == 0 (GQA/MQA share K/V)
@@ -161,12 +169,11 @@ def chunked_attention(
     n_rep = h // h_kv
     mask = _grouped_mask(mask, B, h, h_kv, Lq, Lk)
     dtype = np.result_type(Q, K, V)
-    # e^S in a tenth of the exponent range (half at most): the rest is for the sums
-    exponent_range = np.log(np.finfo(dtype).max)  # 709.8 in float64
+    half_range = 5 * default_score_bound(dtype)  # past it, the sums have no room
     if score_bound is None:
-        score_bound = exponent_range / 10
-    elif not 0 <= score_bound <= exponent_range / 2:
-        raise ValueError(f"score_bound must lie in [0, {exponent_range / 2:.1f}] "
+        score_bound = default_score_bound(dtype)
+    elif not 0 <= score_bound <= half_range:
+        raise ValueError(f"score_bound must lie in [0, {half_range:.1f}] "
                          f"for {dtype}, got {score_bound}")
     scale = 1.0 / np.sqrt(d)
     # (B, h, Lq, d) -> (B, h_kv, n_rep, Lq, d): groups share K/V
