@@ -9,6 +9,7 @@ from ``mha_lab`` and stored beside the notebook (nbgrader copies the file into t
 from __future__ import annotations
 
 import argparse
+import copy
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -125,6 +126,9 @@ def _ps5() -> dict[str, np.ndarray]:
                                                      block_size=4, capacity=16, seed=7)
     # each sequence's causal forward, at its three new positions: (B, 3, d_model)
     out = np.concatenate([layer.forward(Xb, create_causal_mask(Xb.shape[1]))[:, -3:] for Xb in X])
+    unscaled = copy.deepcopy(layer)  # scores q . k without 1/sqrt(d_k): the queries scaled up by sqrt(d_k)
+    unscaled.W_Q = layer.W_Q * np.sqrt(layer.d_k)
+    out_unscaled = np.concatenate([unscaled.forward(Xb, create_causal_mask(Xb.shape[1]))[:, -3:] for Xb in X])
     q, K, V = (np.random.default_rng(8).standard_normal(s) for s in ((2, 3, 1, 8), (2, 3, 40, 8), (2, 3, 40, 8)))
     m, l, acc = split_k_partials(q, K, V, num_splits=4)
     big = 1000.0 * q  # scores in the thousands, with row maxima thousands apart
@@ -133,6 +137,7 @@ def _ps5() -> dict[str, np.ndarray]:
             **_weights(layer, "paged_"), "paged_X_new": np.concatenate([Xb[:, -3:] for Xb in X]),
             "paged_k_pool": k_pool, "paged_v_pool": v_pool, "paged_tables": tables, "paged_lengths": lengths,
             "paged_k_new": np.stack([k[:, t] for k, t in zip(keys, cached, strict=True)]), "paged_out": out,
+            "paged_out_unscaled": out_unscaled,
             "merge_m": m, "merge_l": l, "merge_acc": acc, "merge_out": scaled_dot_product_attention(q, K, V)[0],
             "merge_large_m": m_big, "merge_large_l": l_big, "merge_large_acc": acc_big,
             "merge_large_out": scaled_dot_product_attention(big, K, V)[0]}

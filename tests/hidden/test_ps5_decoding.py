@@ -74,6 +74,19 @@ def test_rope_values__no_batch(student):
     _check_rope(student, 3, (7, 10), np.arange(100, 107))
 
 
+def test_rope_values__positions_as_a_list(student):
+    x = np.random.default_rng(50_004).standard_normal((2, 3, 6))
+    positions = [4, 0, 9]  # the task: any sequence of L positions; the visible tests pass lists
+    what = f"rope of x {x.shape} at positions given as the Python list {positions}"
+    try:
+        out = checks.call(student, "rope", x, positions)
+    except AssertionError as exc:
+        raise AssertionError(checks.retag(str(exc), "positions-as-list", note=": positions may be any sequence (a "
+                                          "list too): np.asarray(positions) before indexing it")) from None
+    checks.expect_array(out, what=what, shape=x.shape)
+    checks.expect_close(out, apply_rope(x, np.asarray(positions)), what=what, hint=_rope_hint(out, x, positions))
+
+
 def test_rope_relative(student):
     rng = np.random.default_rng(50_100)
     q, k = rng.standard_normal((2, 1, 12))
@@ -126,14 +139,20 @@ def _paged_problem(salt: int, cached: list[int], n_new: int, d_model: int, h: in
     state = pack_sequences([k[:, :t] for k, t in zip(keys, cached, strict=True)],
                            [v[:, :t] for v, t in zip(values, cached, strict=True)], block_size, capacity, seed=salt)
     expected = np.concatenate([layer.forward(Xb, create_causal_mask(Xb.shape[1]))[:, -n_new:] for Xb in X])
-    label = f"B={len(cached)} sequences with {cached} cached, h={h}, d_model={d_model}, block_size={block_size}"
+    label = (f"B={len(cached)} sequences with {cached} cached, h={h}, d_model={d_model}, block_size={block_size}; "
+             "your step is judged with the reference rope in place of yours")
     return Paged(layer, np.concatenate([Xb[:, -n_new:] for Xb in X]), state, keys, values, expected, label)
 
 
 def _call_paged(student, prob: Paged, x, state, what):
     L = prob.layer
-    result = checks.call_replacing(student, REFERENCE_ROPE, "paged_decode_step", x, *state,
-                                   L.W_Q, L.W_K, L.W_V, L.W_O, L.num_heads)
+    try:
+        result = checks.call_replacing(student, REFERENCE_ROPE, "paged_decode_step", x, *state,
+                                       L.W_Q, L.W_K, L.W_V, L.W_O, L.num_heads)
+    except AssertionError as exc:
+        if "raised IndexError" in str(exc) and _swaps_block_and_row(student):
+            raise AssertionError(checks.retag(f"{exc}. {SWAP_HINT}", "block-row-swapped")) from None
+        raise
     checks.expect_true(isinstance(result, tuple) and len(result) == 4,
                        what=f"{what}: paged_decode_step should return (out, k_pool, v_pool, lengths), "
                             f"got {type(result).__name__}", hint="return out, k_pool, v_pool, lengths "
@@ -141,16 +160,16 @@ def _call_paged(student, prob: Paged, x, state, what):
     return result
 
 
-def _step_with(prob: Paged, x, state, *, twice=False, shift=0, rotate_q=True) -> np.ndarray:
+def _step_with(prob: Paged, x, state, *, twice=False, shift=0, rotate_q=True, scaled=True) -> np.ndarray:
     """What one step gives with a known bug: keys rotated again when read, the table read ``shift`` pages late,
-    the query left unrotated. Shapes: x (B, 1, d_model) -> (B, 1, d_model)."""
+    the query left unrotated, the scores not scaled by 1/sqrt(d_k). Shapes: x (B, 1, d_model) -> (B, 1, d_model)."""
     L, (k_pool, v_pool, tables, lengths) = prob.layer, state
     k_pool, v_pool = k_pool.copy(), v_pool.copy()
     h, bs, d_k = L.num_heads, k_pool.shape[2], L.d_k
     out = []
     for b, p in enumerate(lengths):
         q, k, v = (split_heads(x[b:b + 1] @ W, h)[0] for W in (L.W_Q, L.W_K, L.W_V))  # (h, 1, d_k)
-        q = apply_rope(q, [p]) if rotate_q else q
+        q = (apply_rope(q, [p]) if rotate_q else q) * (1.0 if scaled else np.sqrt(d_k))  # unscaled: q . k alone
         k_pool[tables[b, p // bs], :, p % bs], v_pool[tables[b, p // bs], :, p % bs] = apply_rope(k, [p])[:, 0], v[:, 0]
         table = tables[b, shift:shift + p // bs + 1]
         K, V = (pool[table].transpose(1, 0, 2, 3).reshape(h, -1, d_k)[:, :p + 1] for pool in (k_pool, v_pool))
@@ -160,7 +179,51 @@ def _step_with(prob: Paged, x, state, *, twice=False, shift=0, rotate_q=True) ->
     return np.concatenate(out)
 
 
-def _paged_hint(prob: Paged, x, state, out) -> str:
+SCALE_HINT = ("scale the scores by 1/sqrt(d_k) before the softmax: softmax(q K^T / sqrt(d_k)) V, d_k = d_model / h "
+              "[bug: scale-missing]")
+SWAP_HINT = ("block and row are swapped: position p is in block block_tables[b, p // block_size], row p % block_size "
+             "(on inputs where your step does not raise, it uses block_tables[b, p % block_size], row p // block_size)"
+             " [bug: block-row-swapped]")
+
+
+def _swapped_slot(k_pool, tables, b: int, p: int) -> tuple | None:
+    """Where a step that swaps block and row writes position ``p`` of sequence ``b``: (block, row), or None when
+    that slot is the right one or out of range (the swapped step raises there)."""
+    bs = k_pool.shape[2]
+    if p % bs >= tables.shape[1] or p // bs >= bs or (p % bs, p // bs) == (p // bs, p % bs):
+        return None
+    return tables[b, p % bs], p // bs
+
+
+def _writes_swapped(prob: Paged, lengths, got_k) -> bool:
+    """Whether the keys a step wrote at ``lengths`` (what it was given) sit in ``got_k`` where block and row
+    swapped would put them (and not in their own slots)."""
+    try:
+        slots = [(b, int(p), _swapped_slot(got_k, prob.state[2], b, int(p))) for b, p in enumerate(lengths)]
+        return any(slot for _, _, slot in slots) and all(
+            slot is None or _same(got_k[slot[0], :, slot[1]], prob.keys[b][:, p]) for b, p, slot in slots)
+    except (IndexError, TypeError, ValueError):  # lengths a student returned, past the problem's tokens
+        return False
+
+
+def _swaps_block_and_row(student) -> bool:
+    """Whether a step that raised IndexError swaps block and row: on a problem where the swapped step cannot
+    index out of range (every position p < block_size**2 and p % block_size inside the table), its new keys sit
+    in the swapped slots."""
+    prob = _paged_problem(90, [9, 6], 1, d_model=8, h=2, block_size=4)
+    L = prob.layer
+    try:
+        _, got_k, *_ = checks.call_replacing(student, REFERENCE_ROPE, "paged_decode_step", prob.X_new, *prob.state,
+                                             L.W_Q, L.W_K, L.W_V, L.W_O, L.num_heads)
+        return np.shape(got_k) == prob.state[0].shape and _writes_swapped(prob, prob.state[3], np.asarray(got_k))
+    except (AssertionError, ValueError, TypeError):
+        return False
+
+
+def _paged_hint(prob: Paged, x, state, out, got_k) -> str:
+    """The likely bug of a step given ``state`` that returned ``out`` and the pool ``got_k``."""
+    if np.shape(got_k) == state[0].shape and _writes_swapped(prob, state[3], np.asarray(got_k)):
+        return SWAP_HINT
     if _same(out, _step_with(prob, x, state, twice=True)):
         return ("the cache holds keys already rotated at their positions: rotate each key once, when it is "
                 "written, and never again when it is read [bug: keys-rotated-twice]")
@@ -169,6 +232,8 @@ def _paged_hint(prob: Paged, x, state, out) -> str:
                 "so positions 0..p are in block_tables[b, :p // block_size + 1] [bug: block-table-off-by-one]")
     if _same(out, _step_with(prob, x, state, rotate_q=False)):
         return "rotate the query too, at the token's position p = lengths[b] [bug: query-not-rotated]"
+    if _same(out, _step_with(prob, x, state, scaled=False)):
+        return SCALE_HINT
     return ("project x[b] to h heads, rotate q and k at p = lengths[b], write k and v at block_tables[b, p // "
             "block_size], row p % block_size, then attend over positions 0..p read through the table, scaled by "
             "1/sqrt(d_k) [bug: paged-step]")
@@ -193,7 +258,8 @@ def _check_cache(student, salt, cached, d_model, h, block_size):
         key = prob.keys[b][:, p]  # (h, d_k), rotated at p
         raw = split_heads(prob.X_new[b:b + 1] @ prob.layer.W_K, h)[0, :, 0]
         hint = ("the cache holds keys rotated at their own position: rotate k at p = lengths[b] before writing it"
-                " [bug: key-not-rotated]" if _same(got_k[block, :, row], raw) else
+                " [bug: key-not-rotated]" if _same(got_k[block, :, row], raw) else SWAP_HINT
+                if _writes_swapped(prob, lengths, got_k) else
                 "write the new key at block_tables[b, p // block_size], row p % block_size, with p = lengths[b], "
                 "rotated at p [bug: key-slot]")
         checks.expect_close(got_k[block, :, row], key, what=f"{what}: sequence {b}'s new key (position {p})",
@@ -218,9 +284,9 @@ def test_paged_decode_cache__one_sequence(student):
 def _check_values(student, salt, cached, d_model, h, block_size):
     prob = _paged_problem(salt, cached, 1, d_model, h, block_size)
     what = f"paged_decode_step's output ({prob.label}) vs the causal forward with RoPE"
-    out, *_ = _call_paged(student, prob, prob.X_new, prob.state, what)
+    out, got_k, *_ = _call_paged(student, prob, prob.X_new, prob.state, what)
     checks.expect_array(out, what=what, shape=prob.expected.shape)
-    checks.expect_close(out, prob.expected, what=what, hint=_paged_hint(prob, prob.X_new, prob.state, out))
+    checks.expect_close(out, prob.expected, what=what, hint=_paged_hint(prob, prob.X_new, prob.state, out, got_k))
 
 
 def test_paged_decode_values(student):
@@ -238,15 +304,27 @@ def test_paged_decode_values__block_of_one(student):
 def _check_sequence(student, salt, cached, n_new, d_model, h, block_size):
     prob = _paged_problem(salt, cached, n_new, d_model, h, block_size)
     what = f"decoding {n_new} tokens in a row ({prob.label})"
-    state, outs = prob.state, []
+    states, outs, pools = [prob.state], [], []  # what each step was given, returned, wrote
     for t in range(n_new):
-        out, k_pool, v_pool, lengths = _call_paged(student, prob, prob.X_new[:, t:t + 1], state, what)
+        out, k_pool, v_pool, lengths = _call_paged(student, prob, prob.X_new[:, t:t + 1], states[t], what)
         checks.expect_array(out, what=f"{what}: output of step {t}", shape=(len(cached), 1, d_model))
-        state, outs = (k_pool, v_pool, prob.state[2], lengths), outs + [out]
+        states, outs, pools = states + [(k_pool, v_pool, prob.state[2], lengths)], outs + [out], pools + [k_pool]
     checks.expect_close(np.concatenate(outs, axis=1), prob.expected, what=f"{what} vs the causal forward",
-                        hint="each step receives the pools and lengths the previous step returned: write every "
-                             "new key and value, advance lengths, and read positions 0..p through the table "
-                             "[bug: sequence-state]")
+                        hint=_sequence_hint(prob, states, outs, pools))
+
+
+def _sequence_hint(prob: Paged, states, outs, pools) -> str:
+    """The first wrong step's bug when that step is wrong on the state it was given, else the state handed on."""
+    wrong = [t for t, out in enumerate(outs) if not _same(out, prob.expected[:, t:t + 1])]
+    t = wrong[0] if wrong else 0
+    x = prob.X_new[:, t:t + 1]
+    try:
+        own_fault = not _same(outs[t], _step_with(prob, x, states[t]))
+    except (IndexError, TypeError, ValueError):  # the state a student's step returned cannot be stepped on
+        own_fault = False
+    return _paged_hint(prob, x, states[t], outs[t], pools[t]) if own_fault else (
+        "each step receives the pools and lengths the previous step returned: write every new key and value, "
+        "advance lengths, and read positions 0..p through the table [bug: sequence-state]")
 
 
 def test_paged_decode_sequence(student):
