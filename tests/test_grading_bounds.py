@@ -31,7 +31,8 @@ from test_grading_batch import HIDDEN, source_notebook
 from mha_lab.grading import batch, checks, judge
 from mha_lab.grading import course as courses
 from mha_lab.grading.judge import HIDDEN_DIR_ENV
-from mha_lab.grading.remote import REPLY_TEXT, REPLY_VALUES, Extent, RemoteSubmission
+from mha_lab.grading.references import Array, Extent, Reference, RefusedError
+from mha_lab.grading.remote import REPLY_TEXT, REPLY_VALUES, RemoteSubmission
 from mha_lab.grading.sandbox import Limits
 from mha_lab.grading.worker import decode, encode, frame, read_message
 from mha_lab.instructor import classroom
@@ -91,6 +92,7 @@ def test_the_loss_that_crosses_into_the_sandbox_carries_no_answer():
     assert hasattr(x, "exact") and not hasattr(crossed, "exact") and crossed() == x()
 
 
+OUTER = Reference("numpy.outer", (("a", Array((0, 4))), ("b", Array((0, 4)))), 2)
 LOOP = """
 import numpy as np
 
@@ -117,17 +119,26 @@ def test_a_reference_computes_only_at_the_sizes_of_its_call(tmp_path):
         student.run([LOOP])
         x = np.ones((2, 8, 4))
         big = lambda: student.remote_call("loop", (x, 16384), {}, measure=False,  # noqa: E731
-                                          replace={"attention": "numpy.outer"})[0]
+                                          replace={"attention": OUTER})[0]
         out, peak = _peak(big)
         assert out.shape == (64, 64) and peak < 8 * MiB, peak / MiB  # outer at 16,384 would be 2 GiB
         said = student.remote_call("said", (), {}, measure=False, replace={})[0]
         assert said and "only near the sizes of the call it was given to" in said[0], said
     extent = Extent(elements=200_000, axis=100, ndim=3)  # one more axis is admitted, not two; 16x the elements
-    assert extent.admits([np.ones((2, 100, 4)), np.ones((1, 2, 400, 4))]) and not extent.admits([np.ones((1,) * 5)])
-    assert extent.admits([np.ones((8, 400, 400))]) and not extent.admits([np.ones((21, 400, 400))])  # elements
-    assert not extent.admits([np.ones((401, 1))]) and not extent.admits([np.ones((8, 401))])  # an axis too long
+    assert _admits(extent, np.ones((2, 100, 4)), np.ones((1, 2, 400, 4))) and not _admits(extent, np.ones((1,) * 5))
+    assert _admits(extent, np.ones((8, 400, 400))) and not _admits(extent, np.ones((21, 400, 400)))  # elements
+    assert not _admits(extent, np.ones((401, 1))) and not _admits(extent, np.ones((8, 401)))  # an axis too long
     small = Extent.of([np.ones((2, 8, 4)), np.ones((4, 4))])  # a small call: its reference still works to 64
-    assert small.admits([np.ones((2, 64, 4))]) and not small.admits([np.ones((2, 65, 4))])
+    assert _admits(small, np.ones((2, 64, 4))) and not _admits(small, np.ones((2, 65, 4)))
+
+
+def _admits(extent: Extent, *arrays: np.ndarray) -> bool:
+    try:
+        for a in arrays:
+            extent.check("attention", a)
+    except RefusedError:
+        return False
+    return True
 
 
 # --- hostile submissions against the grader's process --------------------------------------------

@@ -14,6 +14,7 @@ import pytest
 import mha_lab.cpu
 from mha_lab.grading import checks, judge, run_hidden_checks
 from mha_lab.grading.judge import HIDDEN_DIR_ENV
+from mha_lab.grading.references import Array, Reference
 from mha_lab.grading.worker import decode, encode, frame, read_message
 
 REPO = Path(__file__).resolve().parents[1]
@@ -85,7 +86,9 @@ def test_call_replacing_judges_a_function_with_a_reference_helper():
     """)
     Q = np.random.default_rng(0).normal(size=(2, 3, 4))
     expected = mha_lab.cpu.scaled_dot_product_attention(Q, Q, Q)[0]
-    out = checks.call_replacing(student, {"attention": "mha_lab.cpu.scaled_dot_product_attention"}, "layer", Q)
+    attention = Reference("mha_lab.cpu.scaled_dot_product_attention",
+                          (("Q", Array((2, 4))), ("K", Array((2, 4))), ("V", Array((2, 4)))), 3)
+    out = checks.call_replacing(student, {"attention": attention}, "layer", Q)
     np.testing.assert_allclose(out, expected)
     assert not np.allclose(checks.call(student, "layer", Q), expected), "the replacement outlived the call"
 

@@ -14,6 +14,7 @@ import pytest
 
 import mha_lab
 from mha_lab.grading import sandbox
+from mha_lab.grading.references import Array, Reference
 from mha_lab.grading.remote import RemoteSubmission
 from mha_lab.grading.sandbox import GiB, Limits, memory_mode
 from mha_lab.grading.worker import decode, encode
@@ -291,6 +292,7 @@ def test_the_sandbox_holds_the_students_environment_only(tmp_path):
             student.remote_call("g", (np.ones(2),), {}, measure=False, replace={})
 
 
+NEGATIVE = Reference("numpy.negative", (("x", Array((0, 4))),), 1)
 REFERENCED = """
 import numpy as np
 stolen = []
@@ -309,7 +311,7 @@ def test_a_reference_runs_in_the_grader_and_only_during_its_call(tmp_path):
     with closing(RemoteSubmission(tmp_path, Limits(seconds=60))) as student:
         student.run([REFERENCED])
         x = np.array([1.0, -2.0])
-        out = student.remote_call("layer", (x,), {}, measure=False, replace={"attention": "numpy.negative"})[0]
+        out = student.remote_call("layer", (x,), {}, measure=False, replace={"attention": NEGATIVE})[0]
         np.testing.assert_array_equal(out, [0.0, 3.0])
         with pytest.raises(AssertionError, match="answered by the grader only during the call it was given to"):
             student.remote_call("attention", (x,), {}, measure=False, replace={})

@@ -9,20 +9,20 @@ class report groups failures by these ids, so rewording a hint never splits or m
 from __future__ import annotations
 
 import copy
-import importlib
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
 from mha_lab.grading import worker
+from mha_lab.grading.references import Extent, Reference
 from mha_lab.grading.sandbox import NOT_MEASURED
 from mha_lab.measure import traced_memory
 from mha_lab.testing import tolerances
 
-__all__ = ["BUG_TAG", "MESSAGE_CHARS", "bug_ids", "clip", "call", "call_with_peak", "call_replacing", "invoke",
-           "expect_array", "expect_close", "expect_true", "expect_within_budget", "retag", "SmoothLoss"]
+__all__ = ["BUG_TAG", "MESSAGE_CHARS", "bug_ids", "clip", "fresh_inputs", "call", "call_with_peak", "call_replacing",
+           "invoke", "expect_array", "expect_close", "expect_true", "expect_within_budget", "retag", "SmoothLoss"]
 
 
 BUG_TAG = re.compile(r"\[bug: ([a-z0-9]+(?:-[a-z0-9]+)*)\]")  # a likely bug's stable id, e.g. [bug: scale-d-model]
@@ -66,6 +66,14 @@ class SmoothLoss(worker.SmoothLoss):
         return np.cos(self.x) * self.x**2 + 2 * self.x * np.sin(self.x)
 
 
+def fresh_inputs() -> Callable[[int], np.random.Generator]:
+    """A hidden checks module's random inputs: ``_rng = fresh_inputs()`` as the module loads (once per graded
+    submission), then ``_rng(key)`` for check ``key``: the same numbers within one load, new ones in every
+    grading run, so that an output seen in one run's feedback is of no use in the next."""
+    entropy = np.random.SeedSequence().entropy
+    return lambda key: np.random.default_rng([key, entropy])
+
+
 def call(student: Any, name: str, *args: Any, **kwargs: Any) -> Any:
     """Step 2 of a check: the student's ``name(*args, **kwargs)``; fails when it is missing or raises."""
     return invoke(student, name, args, kwargs)[0]
@@ -76,16 +84,17 @@ def call_with_peak(student: Any, name: str, *args: Any, **kwargs: Any) -> tuple[
     return invoke(student, name, args, kwargs, measure=True)
 
 
-def call_replacing(student: Any, replace: Mapping[str, str], name: str,
+def call_replacing(student: Any, replace: Mapping[str, Reference], name: str,
                    *args: Any, **kwargs: Any) -> Any:
     """Like ``call``, with helpers swapped for references during the call: ``replace`` maps a notebook name to a
-    dotted path (``{"attention": "mha_lab.cpu.scaled_dot_product_attention"}``), so that a loop is judged on
-    its own. In a sandbox the reference runs in the grader, called back over the pipe."""
+    declared reference (``{"rope": Reference("mha_lab.cpu.apply_rope", ...)}``, ``references``), so that a loop is
+    judged on its own. In a sandbox the reference runs in the grader, called back over the pipe, on arguments its
+    declaration accepts only."""
     return invoke(student, name, args, kwargs, replace=replace)[0]
 
 
 def invoke(student: Any, name: str, args: tuple, kwargs: dict, *, measure: bool = False,
-           replace: Mapping[str, str] | None = None) -> tuple[Any, int | None]:
+           replace: Mapping[str, Reference] | None = None) -> tuple[Any, int | None]:
     """The one way a check runs student code, in its sandbox or (a kernel's namespace) here: ``(result, peak)``.
     When the student's function raises, the message adds what it was given (arrays by shape and dtype)."""
     try:
@@ -98,12 +107,15 @@ def invoke(student: Any, name: str, args: tuple, kwargs: dict, *, measure: bool 
 
 
 def _invoke(student: Any, name: str, args: tuple, kwargs: dict, *, measure: bool,
-            replace: dict[str, str]) -> tuple[Any, int | None]:
+            replace: dict[str, Reference]) -> tuple[Any, int | None]:
+    if not all(isinstance(r, Reference) for r in replace.values()):
+        raise TypeError("a reference handed to student code must be declared (references.Reference)")
     if hasattr(student, "remote_call"):
         return student.remote_call(name, args, kwargs, measure=measure, replace=replace)
     args, kwargs = copy.deepcopy((args, kwargs))  # the student's code may write into its inputs
-    references = {attr: getattr(importlib.import_module(path.rpartition(".")[0]), path.rpartition(".")[2])
-                  for attr, path in replace.items()}
+    arrays: list[np.ndarray] = []
+    worker.encode((args, kwargs), arrays)
+    references = {attr: r.bound(Extent.of(arrays)) for attr, r in replace.items()}
     if not measure:
         return worker.call(student, name, args, kwargs, references), None
     result: list[Any] = []

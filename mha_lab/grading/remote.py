@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib
 import os
 import shutil
 import signal
@@ -19,43 +18,13 @@ import numpy as np
 
 from mha_lab.grading import sandbox
 from mha_lab.grading.checks import clip
+from mha_lab.grading.references import Extent, Reference, RefusedError
 from mha_lab.grading.worker import decode, encode, frame, read_message
 
-__all__ = ["RemoteSubmission", "REPLY_TEXT", "REPLY_VALUES", "Extent"]
+__all__ = ["RemoteSubmission", "REPLY_TEXT", "REPLY_VALUES"]
 
 REPLY_TEXT = 16 * 2**20  # bytes of an answer's JSON line (its arrays travel beside it, in .npy format)
 REPLY_VALUES = 200_000  # lists, objects and items in an answer's JSON line, checked before it is parsed
-
-
-GROWTH, REACH = 16, 4  # how much larger than the call's own arrays a reference's may be (elements, longest axis)
-FLOOR_ELEMENTS, FLOOR_AXIS = 1 << 16, 64  # ... and always this large: a reference costs at most milliseconds
-
-
-@dataclasses.dataclass(frozen=True)
-class Extent:
-    """The sizes of the call in progress. The reference it hands to the student's code computes on arrays of about
-    those sizes (at most ``GROWTH`` times the elements and ``REACH`` times the longest axis, or ``FLOOR_ELEMENTS``
-    and ``FLOOR_AXIS``, with at most one axis more), so that whatever the code asks for, what the reference
-    broadcasts or multiplies out costs a small multiple of what the check's call does, while a student's code
-    may still call it on what it built from its inputs (all the cached keys of a sequence, say)."""
-
-    elements: int = 0
-    axis: int = 0
-    ndim: int = 0
-
-    @classmethod
-    def of(cls, arrays: Sequence[np.ndarray]) -> Extent:
-        return cls(max((a.size for a in arrays), default=0), max((max(a.shape, default=1) for a in arrays), default=0),
-                   max((a.ndim for a in arrays), default=0))
-
-    def bounds(self) -> tuple[int, int]:
-        """The most elements, and the longest axis, of an array the reference computes on."""
-        return max(GROWTH * self.elements, FLOOR_ELEMENTS), max(REACH * self.axis, FLOOR_AXIS)
-
-    def admits(self, arrays: Sequence[np.ndarray]) -> bool:
-        elements, axis = self.bounds()
-        return all(a.size <= elements and max(a.shape, default=1) <= axis and a.ndim <= self.ndim + 1
-                   for a in arrays)
 
 
 class RemoteSubmission:
@@ -114,28 +83,27 @@ class RemoteSubmission:
         return read_message(self.proc.stdout, self.limits.output, text=REPLY_TEXT, values=REPLY_VALUES)
 
     def _reference(self, message: dict, arrays: list[np.ndarray]) -> tuple[dict, list[np.ndarray]]:
-        """Run the reference asked for if the call in progress named it, on arrays no larger than the call's own
-        (``Extent``); the reply carries the arguments' arrays as it left them (it may change them in place), then
-        its result."""
+        """Run the reference asked for if the call in progress named it, on arguments its declaration accepts
+        (``references.Reference.bind``: near the sizes of the call, ``Extent``); the reply carries the arguments'
+        arrays as it left them (it may change them in place), then its result."""
         arrays = [np.array(a) for a in arrays]  # writable copies
-        path = self.references.get(message.get("name"))
-        if path is None:
-            return {"ok": False, "message": f"`{message.get('name')}` is answered by the grader only during the "
-                                            "call it was given to"}, arrays
-        if not self.extent.admits(arrays):
-            (elements, axis), axes = self.extent.bounds(), self.extent.ndim + 1
-            return {"ok": False, "message": f"`{message.get('name')}` is answered only near the sizes of the call it "
-                                            f"was given to (arrays of at most {elements} elements and {axes} axes, "
-                                            f"each of at most {axis})"}, arrays
-        module, _, func = path.rpartition(".")
+        name = str(message.get("name"))[:40]
+        reference = self.references.get(name)
+        if reference is None:
+            return {"ok": False, "message": f"`{name}` is answered by the grader only during the call it was given "
+                                            "to"}, arrays
         try:
             args, kwargs = decode(message["arguments"], arrays, lambda i: self._student_callable(i, arrays))
-            result, sent = getattr(importlib.import_module(module), func)(*args, **kwargs), list(arrays)
+            if not isinstance(args, list | tuple) or not isinstance(kwargs, dict):
+                raise RefusedError("arguments that are not a list and a dict of keywords")
+            result, sent = reference.call(args, kwargs, self.extent), list(arrays)
             return {"ok": True, "result": encode(result, sent)}, sent  # the arguments' arrays first
         except AssertionError:
             raise
+        except RefusedError as exc:
+            return {"ok": False, "message": f"the grader's `{name}` refused its arguments: {exc}"}, arrays
         except Exception as exc:  # noqa: BLE001 - e.g. arguments of the wrong shape from the student's code
-            return {"ok": False, "message": f"{func} raised {type(exc).__name__}: {exc}"}, arrays
+            return {"ok": False, "message": f"{name} raised {type(exc).__name__}: {exc}"}, arrays
 
     def _student_callable(self, index: int, shared: list[np.ndarray]) -> Callable:
         """The worker's callable ``index``: each call sends the shared arrays first, as they are now."""
@@ -151,9 +119,9 @@ class RemoteSubmission:
         return invoke
 
     def remote_call(self, name: str, args: tuple, kwargs: dict, *, measure: bool,
-                    replace: dict[str, str]) -> tuple[Any, int | None]:
-        """``(result, peak bytes or None)`` of ``name`` in the sandbox, the helpers in ``replace`` (name -> dotted
-        path) answered here by their references. A measured call is the first call of a fresh sandbox: the
+                    replace: dict[str, Reference]) -> tuple[Any, int | None]:
+        """``(result, peak bytes or None)`` of ``name`` in the sandbox, the helpers in ``replace`` (name -> declared
+        reference) answered here by their references. A measured call is the first call of a fresh sandbox: the
         release's given cells run, then the memory baseline (``sandbox.MemoryGroup.baseline``), then, counted as
         the student's, the submission's files and the student's cells up to its last answer. The peak, read from
         the memory cgroup outside the sandbox, counts from just before the call, less the inputs: what the

@@ -30,6 +30,8 @@ from functools import cache
 from importlib import metadata
 from pathlib import Path
 
+from mha_lab.grading import folders
+
 __all__ = ["PYTHON", "STUDENT_PACKAGES", "NOT_MEASURED", "Limits", "SandboxError", "bwrap", "check", "private_copy",
            "start", "MemoryMode", "memory_mode", "MemoryGroup"]
 
@@ -374,15 +376,11 @@ def _limit(limits: Limits, group: MemoryGroup | None = None) -> None:
 
 
 def private_copy(submission: Path, limits: Limits) -> Path:
-    """A readable copy of the submission folder in a new temporary folder: links stay links, and files
-    larger than the scratch space are left out."""
+    """A readable copy of the submission folder in a new temporary folder: what ``folders.walk`` finds with at most
+    ``limits.scratch`` bytes of files (links stay links, holes stay holes)."""
     copy = Path(tempfile.mkdtemp(prefix="mha_lab_submission_"))
-    shutil.copytree(submission, copy, symlinks=True, dirs_exist_ok=True, ignore=lambda folder, names: [
-        n for n in names
-        if (p := Path(folder, n)).is_file() and not p.is_symlink() and p.stat().st_size > limits.scratch])
-    for path in [copy, *copy.rglob("*")]:
-        if not path.is_symlink():
-            path.chmod(0o755 if path.is_dir() else 0o644)
+    copy.chmod(0o755)
+    folders.copy(folders.walk(submission, folders.Caps(bytes=limits.scratch)), copy)
     return copy
 
 

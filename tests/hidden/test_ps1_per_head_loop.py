@@ -16,13 +16,15 @@ import numpy as np
 
 from mha_lab.cpu import MultiHeadAttention, create_causal_mask, merge_heads, scaled_dot_product_attention, split_heads
 from mha_lab.grading import checks
+from mha_lab.grading.references import Array, Reference
 
 # the package's own code for each task (the book prints it): what the class report's similarity compares answers with
 PACKAGE_ANSWERS = {"split_heads": ["mha_lab.cpu.split_heads"], "merge_heads": ["mha_lab.cpu.merge_heads"],
                    "attention": ["mha_lab.cpu.scaled_dot_product_attention", "mha_lab.cpu.softmax"],
                    "mha_forward_loop": ["mha_lab.cpu.per_head.per_head_attention", "mha_lab.cpu.per_head.head_forward",
                                         "mha_lab.cpu.per_head.head_slices"]}
-REFERENCE_ATTENTION = {"attention": "mha_lab.cpu.scaled_dot_product_attention"}
+REFERENCE_ATTENTION = {"attention": Reference("mha_lab.cpu.scaled_dot_product_attention", (
+    ("Q", Array((2, 4))), ("K", Array((2, 4))), ("V", Array((2, 4))), ("mask", Array((2, 4), optional=True))), 3)}
 SPLIT_HINT = ("(B, L, d_model) -> (B, L, h, d_k) -> (B, h, L, d_k): reshape first, then transpose. "
               "Did you reshape without transposing, or transpose before reshaping? [bug: split-layout]")
 MERGE_HINT = ("(B, h, L, d_k) -> (B, L, h, d_k) -> (B, L, d_model): transpose first, then reshape. "
@@ -36,8 +38,11 @@ LOOP_SCALE_HINT = ("the scores come out divided by sqrt(d_model): attention alre
 STABILITY_HINT = "softmax without subtracting the row maximum overflows: exp(1000) is inf [bug: softmax-overflow]"
 
 
+_fresh = checks.fresh_inputs()  # new inputs in every grading run
+
+
 def _rng(salt: int) -> np.random.Generator:
-    return np.random.default_rng(20_240 + salt)
+    return _fresh(20_240 + salt)
 
 
 # --- task 1: split_heads / merge_heads ----------------------------------------------------------
@@ -174,7 +179,7 @@ def test_attention_stability(student):
 
 
 def _layer_inputs(salt: int, B: int = 3, L: int = 5, d_model: int = 12, h: int = 3):
-    layer = MultiHeadAttention(d_model, h, seed=salt)
+    layer = MultiHeadAttention(d_model, h, seed=int(_rng(90_000 + salt).integers(2**31)))
     X = _rng(salt).normal(size=(B, L, d_model))
     return layer, X, (X, layer.W_Q, layer.W_K, layer.W_V, layer.W_O, h)
 

@@ -37,6 +37,7 @@ MASK_HINT = ("the additive mask is 0 where attention is allowed and -inf where i
 GROUP_HINT = ("key/value head j serves query heads j*n_rep ... (j+1)*n_rep - 1: repeat each head in place "
               "(np.repeat on the head axis, torch's repeat_interleave), not the whole stack (np.tile)"
               " [bug: tile-not-repeat]")
+_rng = checks.fresh_inputs()  # new inputs in every grading run
 
 
 def _scale_hint(out, layer, X, mask, other: str) -> str:
@@ -64,8 +65,8 @@ def _group_hint(out, layer, X, mask, other: str) -> str:
 
 
 def _gqa_inputs(salt: int, B: int, L: int, d_model: int, h: int, g: int):
-    layer = GroupedQueryAttention(d_model, h, g, seed=salt)
-    X = np.random.default_rng(30_000 + salt).normal(size=(B, L, d_model))
+    layer = GroupedQueryAttention(d_model, h, g, seed=int(_rng(90_000 + salt).integers(2**31)))
+    X = _rng(30_000 + salt).normal(size=(B, L, d_model))
     return layer, X, (X, layer.W_Q, layer.W_K, layer.W_V, layer.W_O, h)
 
 
@@ -144,8 +145,8 @@ def test_gqa_forward_values__causal(student):
 
 
 def test_gqa_forward_limits(student):
-    mha = MultiHeadAttention(12, 4, seed=6)
-    X = np.random.default_rng(6).normal(size=(2, 5, 12))
+    mha = MultiHeadAttention(12, 4, seed=int(_rng(90_006).integers(2**31)))
+    X = _rng(6).normal(size=(2, 5, 12))
     expected = mha.forward(X)
 
     out = checks.call(student, "gqa_forward", X, mha.W_Q, mha.W_K, mha.W_V, mha.W_O, 4, 4)
@@ -207,8 +208,8 @@ SELF_HINT = ("the new token must see itself: append its key and value to the cac
 
 
 def _decode_problem(salt: int, B: int, L: int, d_model: int, h: int, g: int):
-    layer = GroupedQueryAttention(d_model, h, g, seed=salt)
-    X = np.random.default_rng(40_000 + salt).normal(size=(B, L, d_model))
+    layer = GroupedQueryAttention(d_model, h, g, seed=int(_rng(91_000 + salt).integers(2**31)))
+    X = _rng(40_000 + salt).normal(size=(B, L, d_model))
     expected = layer.forward(X, mask=create_causal_mask(L))  # (B, L, d_model)
     return layer, X, expected
 

@@ -22,12 +22,7 @@ PACKAGE_ANSWERS = {"measure_peak": ["mha_lab.measure.traced_memory"],
                    "chunked_attention": ["mha_lab.cpu.chunked_attention"]}
 
 MiB = 2**20
-FRESH = np.random.SeedSequence()  # new entropy each time the checks are loaded: once per graded submission
-
-
-def _rng(key: int) -> np.random.Generator:
-    """The random numbers of the inputs of check ``key``: different in every grading run."""
-    return np.random.default_rng([key, FRESH.entropy])
+_rng = checks.fresh_inputs()  # new inputs in every grading run
 
 
 def _expect_computed(out, expected: np.ndarray, what: str) -> None:

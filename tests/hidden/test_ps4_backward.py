@@ -12,6 +12,7 @@ import numpy as np
 
 from mha_lab.cpu import MultiHeadAttention, create_causal_mask, merge_heads, split_heads
 from mha_lab.grading import checks
+from mha_lab.grading.references import Array, Function, Number, Reference
 from mha_lab.testing import GRADCHECK_MAX_REL_ERROR
 
 # the package's own code for each task (the book prints it): what the class report's similarity compares answers with
@@ -23,6 +24,7 @@ PACKAGE_ANSWERS = {"mha_backward": ["mha_lab.cpu.GroupedQueryAttention.backward"
 
 WEIGHTS = ("W_Q", "W_K", "W_V", "W_O")
 BIASES = ("b_Q", "b_K", "b_V", "b_O")
+_rng = checks.fresh_inputs()  # new inputs in every grading run
 
 
 @dataclass
@@ -38,8 +40,8 @@ class Case:
 
 def _case(seed: int, B: int, L: int, d_model: int, h: int, causal: bool = False, bias: bool = False) -> Case:
     """Run mha_lab's layer forward and backward; build the cache the notebook's mha_forward returns."""
-    rng = np.random.default_rng(seed)
-    layer = MultiHeadAttention(d_model, h, use_bias=bias, seed=seed)
+    rng = _rng(seed)
+    layer = MultiHeadAttention(d_model, h, use_bias=bias, seed=int(_rng(90_000 + seed).integers(2**31)))
     if bias:
         for n in BIASES:
             setattr(layer, n, 0.1 * rng.standard_normal(d_model))
@@ -278,7 +280,7 @@ def _judge_numerical(grad, exact: np.ndarray, what: str) -> None:
 
 def test_numerical_gradient_values__central(student):
     # 1. inputs
-    x = np.random.default_rng(40).uniform(-2, 2, size=(3, 4))
+    x = _rng(40).uniform(-2, 2, size=(3, 4))
     f = checks.SmoothLoss(x)
     exact = f.exact()
     # 2. call
@@ -289,7 +291,7 @@ def test_numerical_gradient_values__central(student):
 
 def test_numerical_gradient_values__3d(student):
     # 1. inputs
-    x = np.random.default_rng(42).uniform(-1, 1, size=(2, 3, 2))
+    x = _rng(42).uniform(-1, 1, size=(2, 3, 2))
     f = checks.SmoothLoss(x)
     exact = f.exact()
     # 2. call
@@ -302,7 +304,8 @@ def test_numerical_gradient_values__3d(student):
 
 # gradient_check is judged on its own: during its call, the student's numerical_gradient is mha_lab's,
 # so a bug there is charged once (to numerical_gradient_values), not twice.
-TRUSTED_NUMERICAL_GRADIENT = {"numerical_gradient": "mha_lab.gradcheck.numerical_gradient"}
+TRUSTED_NUMERICAL_GRADIENT = {"numerical_gradient": Reference("mha_lab.gradcheck.numerical_gradient", (
+    ("f", Function()), ("x", Array((0, 4))), ("eps", Number(1e-12, 1.0))), 2)}
 
 
 def _gradient_check_inputs(seed: int):
