@@ -16,13 +16,16 @@ from mha_lab.cpu.paged import pack_sequences
 from mha_lab.cpu.positions import rotate_pairs
 from mha_lab.cpu.split_k import split_k_partials
 from mha_lab.grading import checks
+from mha_lab.grading.references import Array, Reference
 
 # the package's own code for each task (the book prints it): what the class report's similarity compares answers with
 PACKAGE_ANSWERS = {"rope": ["mha_lab.cpu.apply_rope", "mha_lab.cpu.positions.rotate_pairs"],
                    "paged_decode_step": ["mha_lab.cpu.paged.paged_decode_step",
                                          "mha_lab.cpu.paged.PagedKVCache.gather"],
                    "merge_partials": ["mha_lab.cpu.split_k.merge_partials"]}
-REFERENCE_ROPE = {"rope": "mha_lab.cpu.apply_rope"}
+REFERENCE_ROPE = {"rope": Reference("mha_lab.cpu.apply_rope", (
+    ("x", Array((1, 5))), ("positions", Array((1, 1), kinds="iuf", listed=True))), 2)}
+_rng = checks.fresh_inputs()  # new inputs in every grading run
 
 
 def _same(out, candidate) -> bool:
@@ -53,7 +56,7 @@ def _rope_hint(out, x, positions) -> str:
 
 
 def _check_rope(student, salt, shape, positions):
-    x = np.random.default_rng(50_000 + salt).standard_normal(shape)
+    x = _rng(50_000 + salt).standard_normal(shape)
     positions = np.asarray(positions)
     expected = apply_rope(x, positions)
     what = f"rope of x {shape} at positions {positions.tolist()}"
@@ -75,7 +78,7 @@ def test_rope_values__no_batch(student):
 
 
 def test_rope_values__positions_as_a_list(student):
-    x = np.random.default_rng(50_004).standard_normal((2, 3, 6))
+    x = _rng(50_004).standard_normal((2, 3, 6))
     positions = [4, 0, 9]  # the task: any sequence of L positions; the visible tests pass lists
     what = f"rope of x {x.shape} at positions given as the Python list {positions}"
     try:
@@ -88,7 +91,7 @@ def test_rope_values__positions_as_a_list(student):
 
 
 def test_rope_relative(student):
-    rng = np.random.default_rng(50_100)
+    rng = _rng(50_100)
     q, k = rng.standard_normal((2, 1, 12))
 
     def score(m, n):
@@ -130,14 +133,15 @@ class Paged:
 
 
 def _paged_problem(salt: int, cached: list[int], n_new: int, d_model: int, h: int, block_size: int) -> Paged:
-    layer = RotaryAttention(d_model, h, seed=salt)
-    rng = np.random.default_rng(60_000 + salt)
+    layer = RotaryAttention(d_model, h, seed=int(_rng(90_000 + salt).integers(2**31)))
+    rng = _rng(60_000 + salt)
     X = [rng.standard_normal((1, t + n_new, d_model)) for t in cached]
     keys = [layer.rotate(split_heads(Xb @ layer.W_K, h), 0)[0] for Xb in X]  # (h, T + n_new, d_k)
     values = [split_heads(Xb @ layer.W_V, h)[0] for Xb in X]
     capacity = max(cached) + n_new + block_size  # one spare block: a table read one page late still has entries
     state = pack_sequences([k[:, :t] for k, t in zip(keys, cached, strict=True)],
-                           [v[:, :t] for v, t in zip(values, cached, strict=True)], block_size, capacity, seed=salt)
+                           [v[:, :t] for v, t in zip(values, cached, strict=True)], block_size, capacity,
+                           seed=int(_rng(92_000 + salt).integers(2**31)))
     expected = np.concatenate([layer.forward(Xb, create_causal_mask(Xb.shape[1]))[:, -n_new:] for Xb in X])
     label = (f"B={len(cached)} sequences with {cached} cached, h={h}, d_model={d_model}, block_size={block_size}; "
              "your step is judged with the reference rope in place of yours")
@@ -342,7 +346,7 @@ OVERFLOW_HINT = ("exp of a score in the thousands overflows: rescale each chunk 
 
 
 def _merge_problem(salt, shape, T, splits, scale=1.0):
-    rng = np.random.default_rng(70_000 + salt)
+    rng = _rng(70_000 + salt)
     q = scale * rng.standard_normal(shape[:-2] + (1, shape[-1]))
     K, V = rng.standard_normal(shape[:-2] + (T, shape[-1])), rng.standard_normal(shape[:-2] + (T, shape[-1]))
     return split_k_partials(q, K, V, splits), scaled_dot_product_attention(q, K, V)[0]
