@@ -8,9 +8,15 @@ neither the client assertion's nor the token's audience.
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import gzip
 import json
 import re
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -38,7 +44,9 @@ LEARNER = "http://purl.imsglobal.org/vocab/lis/v2/membership#Learner"
 TEACHER = "http://purl.imsglobal.org/vocab/lis/v2/membership#Instructor"
 
 
-def _pem() -> tuple[str, str]:
+@functools.cache
+def _pem(n: int = 0) -> tuple[str, str]:
+    """Key pair number ``n`` (the tool's is 0, the platform's 1), made once per test run."""
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     private = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                 serialization.NoEncryption()).decode()
@@ -57,6 +65,7 @@ class Store:
     ok_scores: int | None = None  # score posts that succeed before every later one fails with a 500
     busy: int = 0  # score posts answered 503 or 429 (alternately), counted down, before they succeed
     log: list[str] = field(default_factory=list)
+    raw: dict[str, tuple[int, dict[str, str], bytes]] = field(default_factory=dict)  # path?query -> a reply as is
 
 
 class _Conf(ltiplatform.LTI1P3PlatformConfAbstract):
@@ -128,13 +137,14 @@ class Platform:
 
     def __init__(self, store: Store, tool_public_key_set: dict) -> None:
         self.store = store
-        private, public = _pem()
+        private, public = _pem(1)
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.registration = (PlatformRegistration().set_iss(self.url).set_client_id("tool-1")
                              .set_deployment_id("deploy-1").set_platform_public_key(public)
                              .set_platform_private_key(private).set_tool_key_set(tool_public_key_set))
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05},
+                                       daemon=True)
 
     def __enter__(self) -> Platform:
         self.thread.start()
@@ -163,6 +173,15 @@ class Platform:
                 parts = urlsplit(self.path)
                 raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 platform.store.log.append(f"{method} {parts.path}")
+                if self.path in platform.store.raw:  # a hostile platform's reply, sent byte for byte
+                    code, headers, body = platform.store.raw[self.path]
+                    self.send_response(code)
+                    for name, value in {**headers, "Content-Length": str(len(body))}.items():
+                        self.send_header(name, value)
+                    self.end_headers()
+                    with contextlib.suppress(OSError):  # the client may hang up once it has read enough
+                        self.wfile.write(body)
+                    return
                 request = _Request({"method": method, "path": parts.path, "headers": dict(self.headers),
                                     "get_data": dict(parse_qsl(parts.query)), "content_type": self.headers.get(
                                         "Content-Type"), "form_data": dict(parse_qsl(raw.decode())),
@@ -281,16 +300,14 @@ def test_round_trip_posts_final_scores_once_and_updates_them(platform, tmp_path,
     assert _read_back(platform, tmp_path) == {"ps2_mqa": {"u1": 21.0, "u4": 24.0}}
 
 
-def test_dry_run_posts_nothing(platform, tmp_path, monkeypatch, capsys):
+def test_dry_run_sends_nothing_even_with_the_platform_up(platform, tmp_path, monkeypatch, capsys):
     assert _export(monkeypatch, tmp_path, _grades(), "--lti", str(_config(tmp_path, platform)), "--dry-run") == 0
-    out = capsys.readouterr().out
-    assert "would post ps2_mqa ana: 19.8" in out and "would create the line item of ps2_mqa" in out
-    assert platform.store.lineitems == {} and platform.store.scores == {}
-    assert not [entry for entry in platform.store.log if entry.startswith("POST /lineitems")]
+    assert "would post ps2_mqa ana: 19.8" in capsys.readouterr().out
+    assert platform.store.log == []  # no token request, no roster, no line item
 
 
 def test_a_token_signed_with_the_wrong_key_is_refused(platform, tmp_path, monkeypatch, capsys):
-    (tmp_path / "other.pem").write_text(_pem()[0])
+    (tmp_path / "other.pem").write_text(_pem(2)[0])
     config = _config(tmp_path, platform, key="other.pem")
     assert _export(monkeypatch, tmp_path, _grades(), "--lti", str(config)) == 1
     assert "/token: 401" in capsys.readouterr().err
@@ -339,3 +356,210 @@ def test_jwks_is_the_public_half_of_the_configured_key(platform, tmp_path, capsy
     assert export.main(["--lti-jwks", str(_config(tmp_path, platform))]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed == tool[1] and "d" not in printed["keys"][0]  # no private exponent
+
+
+# A platform that cannot be trusted: replies too large once inflated, URLs on other origins, plain http, and a
+# dry run that must reach nothing at all.
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+MEMBERS = "application/vnd.ims.lti-nrps.v2.membershipcontainer+json"
+
+
+@pytest.fixture
+def elsewhere() -> Iterator[tuple[str, list[tuple[str, str | None]]]]:
+    """A server on a second loopback address, 127.0.0.2, that records each request and its Authorization."""
+    seen: list[tuple[str, str | None]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def _record(self) -> None:
+            seen.append((f"{self.command} {self.path}", self.headers.get("Authorization")))
+            body = json.dumps({"members": _members()}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST = _record  # noqa: N815
+
+    server = ThreadingHTTPServer(("127.0.0.2", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.2:{server.server_address[1]}", seen
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.parametrize("how", ["Link header", "next in the body", "redirect"])
+def test_a_url_on_another_origin_is_refused_and_gets_no_token(platform, elsewhere, tmp_path, monkeypatch, capsys,
+                                                               how):
+    url, seen = elsewhere
+    foreign = f"{url}/memberships?page=2"
+    page = {"members": _members()[:2], **({"next": foreign} if how == "next in the body" else {})}
+    headers = {"Link": f'<{foreign}>; rel="next"'} if how == "Link header" else {}
+    platform.store.raw["/memberships"] = ((302, {"Location": foreign}, b"") if how == "redirect"
+                                          else (200, {"Content-Type": MEMBERS, **headers}, json.dumps(page).encode()))
+    assert _export(monkeypatch, tmp_path, _grades(), "--lti", str(_config(tmp_path, platform)), "ps2_mqa") == 1
+    err = capsys.readouterr().err
+    assert foreign in err and ("not on the platform's origin" in err or "redirected (302)" in err), err
+    assert seen == []  # not one request, so no token either
+    assert platform.store.lineitems == {} and platform.store.scores == {}
+
+
+def test_a_line_item_on_another_origin_gets_no_score(platform, elsewhere, tmp_path):
+    url, seen = elsewhere
+    item = {"id": f"{url}/lineitems/1", "resourceId": "ps2_mqa", "tag": "mha_lab", "label": "ps2_mqa",
+            "scoreMaximum": 24.0}
+    platform.store.lineitems[item["id"]] = item
+    client = lti.Client(lti.load(_config(tmp_path, platform)), log=lambda line: None)
+    with pytest.raises(lti.LtiError, match=re.escape(f"line item URL of ps2_mqa ({url}/lineitems/1)")):
+        lti.post_grades(client, _grades(), ["ps2_mqa"])
+    assert seen == []
+
+
+def test_next_links_on_the_platform_are_followed_and_gzip_is_read(platform, tmp_path):
+    members = _members()
+    first = json.dumps({"members": members[:3]}).encode()
+    platform.store.raw["/memberships"] = (200, {"Link": '</memberships?page=2>; rel="next"'}, first)  # relative
+    second = gzip.compress(json.dumps({"members": members[3:]}).encode())
+    platform.store.raw["/memberships?page=2"] = (200, {"Content-Encoding": "gzip"}, second)
+    client = lti.Client(lti.load(_config(tmp_path, platform)))
+    assert [m["user_id"] for m in client.members()] == [m["user_id"] for m in members]
+
+
+@functools.cache
+def _bomb() -> bytes:
+    """About 1 MB of gzip that inflates to 1 GiB of zeros: 64 gzip members of 16 MiB each, one after another."""
+    return gzip.compress(bytes(16 << 20)) * 64
+
+
+BOMB_CLIENT = """
+import json, resource, sys
+from mha_lab.instructor import lti
+
+def rss_kib(field):
+    return int(next(line for line in open("/proc/self/status") if line.startswith(field)).split()[1])
+
+client = lti.Client(lti.load(sys.argv[1]), log=lambda line: None)
+client.token()
+before = rss_kib("VmRSS:")
+try:
+    client.members()
+    error = ""
+except lti.LtiError as exc:
+    error = str(exc)
+print(json.dumps({"growth": (rss_kib("VmHWM:") - before) << 10, "error": error}))
+"""
+
+
+def test_a_gzip_bomb_is_refused_within_bounded_memory(platform, tmp_path):
+    """The client's peak RSS may grow by 1.5 times the reply limit (16 MiB) plus 8 MiB while it refuses a 1 MB
+    reply that inflates to 1 GiB; read whole before being measured, it grew by about 2 GiB."""
+    bomb = _bomb()
+    assert len(bomb) < 1.1e6
+    platform.store.raw["/memberships"] = (200, {"Content-Type": MEMBERS, "Content-Encoding": "gzip"}, bomb)
+    run = subprocess.run([sys.executable, "-c", BOMB_CLIENT, str(_config(tmp_path, platform))], capture_output=True,
+                         text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    seen = json.loads(run.stdout)
+    assert "inflates past 16777216 bytes" in seen["error"]
+    assert seen["growth"] < 1.5 * lti.MAX_BODY + (8 << 20), seen
+
+
+@pytest.mark.parametrize("url, fine", [("https://lms.example.edu", True), ("http://localhost:8080", True),
+                                       ("http://127.0.0.2", True), ("http://[::1]:8080", True),
+                                       ("http://lms.example.edu", False), ("http://127.0.0.1.example.edu", False)])
+def test_https_is_required_except_on_a_loopback_host(url, fine):
+    reg = lti.Registration("c", "d", f"{url}/token", _pem()[0], "k", f"{url}/lineitems", f"{url}/memberships")
+    if fine:
+        lti.Client(reg)
+    else:
+        with pytest.raises(lti.LtiError, match=r"token_url .*plain http.*use https.*--allow-http"):
+            lti.Client(reg)
+    lti.Client(reg, allow_http=True)  # the explicit choice
+
+
+def test_a_url_with_a_user_name_is_not_an_endpoint():
+    url = "https://lms.example.edu@elsewhere.example"
+    reg = lti.Registration("c", "d", f"{url}/token", _pem()[0], "k", f"{url}/lineitems", f"{url}/memberships")
+    with pytest.raises(lti.LtiError, match="token_url .*not a plain http"):
+        lti.Client(reg)
+
+
+def _readme_config(tmp_path: Path, **replace: str) -> Path:
+    """The README's lti.toml, its URLs kept (nothing answers there), with the tool's key beside it."""
+    block = re.search(r"```toml\n(# lti\.toml.*?)```", README.read_text(), re.S).group(1)
+    for old, new in replace.items():
+        block = block.replace(old, new)
+    (tmp_path / "tool_private.pem").write_text(_pem()[0])
+    (tmp_path / "lti.toml").write_text(block)
+    return tmp_path / "lti.toml"
+
+
+def _no_network(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError(f"the dry run reached for the network: {args}")
+
+    import socket
+
+    for name in ("getaddrinfo", "create_connection"):
+        monkeypatch.setattr(socket, name, refuse)
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+
+
+def _in_order(out: str, *starts: str) -> list[int]:
+    """The line number of the first line that begins with each of ``starts``."""
+    lines = out.splitlines()
+    return [next((i for i, line in enumerate(lines) if line.startswith(s)), -1) for s in starts]
+
+
+def test_dry_run_contacts_nothing_and_says_the_plan_in_order(tmp_path, monkeypatch, capsys):
+    _no_network(monkeypatch)
+    start = time.monotonic()
+    assert _export(monkeypatch, tmp_path, _grades(), "--lti", str(_readme_config(tmp_path)), "--dry-run") == 0
+    assert time.monotonic() - start < 5
+    out = capsys.readouterr().out
+    steps = _in_order(out, "would request a token from https://canvas.example.edu/login/oauth2/token",
+                      "would read the roster from https://canvas.example.edu/api/lti/courses/7/names_and_roles",
+                      "would find the line item of ps2_mqa", "would post ps2_mqa ana: 19.8",
+                      "would post ps2_mqa dan: 24")
+    assert -1 not in steps and steps == sorted(steps), out
+
+    http = _readme_config(tmp_path, **{"https://canvas": "http://canvas"})
+    assert _export(monkeypatch, tmp_path, _grades(), "--lti", str(http), "--dry-run") == 1
+    assert "plain http" in capsys.readouterr().err
+    assert _export(monkeypatch, tmp_path, _grades(), "--lti", str(http), "--dry-run", "--allow-http") == 0
+
+
+ROSTERS = {"roster.json": json.dumps({"id": "https://canvas.example.edu/api/lti/courses/7/names_and_roles",
+                                      "context": {"id": "course-7"},
+                                      "members": [*_members(), {"user_id": "u7", "roles": [LEARNER]}]}),
+           "roster.csv": "user_id,lis_person_sourcedid,roles\nu1,ana,Learner\nu4,dan,\nu7,,Learner\n"
+                         "t1,prof,Instructor\n"}
+
+
+@pytest.mark.parametrize("name", sorted(ROSTERS))
+def test_dry_run_matches_a_roster_file(tmp_path, monkeypatch, capsys, name):
+    _no_network(monkeypatch)
+    (tmp_path / name).write_text(ROSTERS[name])
+    config = str(_readme_config(tmp_path))
+    roster = str(tmp_path / name)
+    assert _export(monkeypatch, tmp_path, _grades(), "--lti", config, "--dry-run", "--roster", roster) == 0
+    out = capsys.readouterr().out
+    steps = _in_order(out, "would request a token", "would find the line item of ps2_mqa",
+                      "would post ps2_mqa ana: 19.8 (to u1)", "would post ps2_mqa dan: 24 (to u4)")
+    assert -1 not in steps and steps == sorted(steps), out
+    assert "would read the roster" not in out and "would post ps2_mqa eve" not in out
+    assert "graded but not on the roster file: eve" in out and "match no student: u7" in out
+
+
+def test_a_roster_file_without_the_match_column_is_refused(tmp_path, monkeypatch, capsys):
+    (tmp_path / "roster.csv").write_text("user_id,email\nu1,ana@example.edu\n")
+    config = str(_readme_config(tmp_path))
+    assert _export(monkeypatch, tmp_path, _grades(), "--lti", config, "--dry-run", "--roster",
+                   str(tmp_path / "roster.csv")) == 1
+    assert "no column lis_person_sourcedid" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        _export(monkeypatch, tmp_path, _grades(), "--lti", config, "--roster", str(tmp_path / "roster.csv"))

@@ -19,20 +19,17 @@ from mha_lab.instructor.lms import Grade, canvas, read_grades, write_long
 __all__ = ["main"]
 
 
-def _post_lti(config: Path, grades: dict[tuple[str, str], Grade], assignments: list[str], dry_run: bool) -> int:
-    """``--lti``: post the final scores of ``assignments`` (default: every one graded) to the platform."""
-    client = lti.Client(lti.load(config))
-    todo = assignments or sorted({a for (_, a), g in grades.items() if g.status == "graded"})
-    out = lti.post_grades(client, grades, todo, dry_run=dry_run)
-    verb = "would post" if dry_run else "posted"
-    for student, assignment, score in out.posted:
-        print(f"{verb} {assignment} {student}: {'Pending' if score is None else f'{score:g}'}")
-    for assignment in out.created:
-        print(f"{'would create' if dry_run else 'created'} the line item of {assignment}")
-    for student, assignment, status in out.skipped:
-        print(f"nothing posted for {assignment} {student}: {status}")
+def _post_lti(args: argparse.Namespace, grades: dict[tuple[str, str], Grade]) -> int:
+    """``--lti``: post the final scores of ``args.assignments`` (default: every one graded) to the platform, saying
+    each step as it is done; with ``--dry-run`` contact nothing and say the plan."""
+    reg = lti.load(args.lti)
+    client = lti.Client(reg, allow_http=args.allow_http, dry_run=args.dry_run)
+    members = lti.read_roster(args.roster, reg.match) if args.roster else None
+    todo = args.assignments or sorted({a for (_, a), g in grades.items() if g.status == "graded"})
+    out = lti.post_grades(client, grades, todo, members=members)
     if out.unmatched_students:
-        print(f"note: graded but not on the platform's roster: {', '.join(out.unmatched_students)}")
+        where = "the roster file" if args.roster else "the platform's roster"
+        print(f"note: graded but not on {where}: {', '.join(out.unmatched_students)}")
     if out.unmatched_members:
         print(f"note: learners on the roster that match no student: {', '.join(out.unmatched_members)}")
     for student, assignment, reason in out.failed:
@@ -53,7 +50,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--long", type=Path, help="also write one row per student and assignment here")
     parser.add_argument("--lti", type=Path, metavar="CONFIG", help="post final scores over LTI 1.3 AGS with the "
                         "tool registration in this TOML file (see mha_lab.instructor.lti)")
-    parser.add_argument("--dry-run", action="store_true", help="with --lti: print what would be posted")
+    parser.add_argument("--dry-run", action="store_true", help="with --lti: contact nothing (no token, no roster) "
+                        "and print, in order, what a run would do")
+    parser.add_argument("--roster", type=Path, metavar="FILE", help="with --dry-run: match the scores against this "
+                        "roster: the NRPS membership container as JSON ({\"members\": [...]}, or the bare list), or a "
+                        ".csv whose header names user_id, the match field (lis_person_sourcedid by default) and "
+                        "optionally roles (space-separated; default Learner) and status (default Active)")
+    parser.add_argument("--allow-http", action="store_true", help="with --lti: accept http:// endpoints on a host "
+                        "that is not this machine (the token and the scores then cross the network in clear)")
     parser.add_argument("--lti-jwks", type=Path, metavar="CONFIG", help="print the tool's public key set, "
                         "to register the tool with the platform")
     args = parser.parse_args(argv)
@@ -64,8 +68,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("nothing to write: give --canvas FILE --out FILE, --long FILE, --lti CONFIG, or several")
     if (args.canvas is None) != (args.out is None):
         parser.error("--canvas and --out go together")
-    if (args.assignments or args.dry_run) and args.lti is None:
-        parser.error("assignments and --dry-run go with --lti")
+    if (args.assignments or args.dry_run or args.allow_http) and args.lti is None:
+        parser.error("assignments, --dry-run and --allow-http go with --lti")
+    if args.roster and not args.dry_run:
+        parser.error("--roster goes with --dry-run (a run reads the roster from the platform)")
     try:
         grades = read_grades(args.course)
         if args.long:
@@ -76,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"note: {note}")
             print(f"wrote {args.out}: import it in Canvas (Grades, Import)")
         if args.lti:
-            return _post_lti(args.lti, grades, args.assignments, args.dry_run)
+            return _post_lti(args, grades)
     except (OSError, ValueError, RuntimeError) as exc:
         print(f"export: {exc}", file=sys.stderr)
         return 1
