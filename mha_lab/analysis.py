@@ -8,6 +8,7 @@ Bytes are bytes; the helpers ``gib``/``gb`` convert with 2**30 and 10**9 respect
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeAlias
 
@@ -20,7 +21,8 @@ __all__ = [
     "flops_breakdown", "count_flops", "backward_flops_breakdown", "count_backward_flops", "memory_breakdown",
     "count_memory_bytes", "dtype_bytes", "DType", "ModelConfig", "MODEL_CONFIGS", "DEEPSEEK_V2",
     "kv_elements_per_token", "kv_cache_bytes", "decode_step_cost",
-    "GPU_PEAKS", "gib", "gb", "DECODE_VARIANTS", "decode_attention_intensity",
+    "GPU_PEAKS", "gib", "gb", "DECODE_VARIANTS", "decode_attention_intensity", "serving_step_cost",
+    "roofline_seconds",
 ]
 
 DType: TypeAlias = "str | np.dtype | type[np.generic] | torch.dtype"  # a NumPy or torch dtype, or its name
@@ -285,6 +287,36 @@ def decode_attention_intensity(config: ModelConfig, dtype: DType = "float16", va
     if variant == "MLA rebuilt":
         flops = 4 * h * d_c * d_k + 2 * h * (d_k + d_r) + 2 * h * d_k + softmax_flops * h
     return flops / ((d_c + d_r) * s)
+
+
+def serving_step_cost(config: ModelConfig, n_params: float, chunks: Sequence[tuple[int, int]],
+                      dtype: DType = "bfloat16") -> dict[str, float]:
+    r"""FLOPs and bytes of one engine step of a whole model, for chunks of (n new tokens, ending at position c).
+
+    ============= ====================================================================
+    weight_flops  :math:`2 P \sum n`: every new token through every weight
+    attn_flops    :math:`4 n_{layers} h d_k \sum (n c - n(n-1)/2)`: causal scores and values
+    weight_bytes  :math:`P s`: the weights read once, shared by the step's tokens
+    cache_bytes   :math:`2 n_{layers} h_{kv} d_k s \sum (c + n)`: each chunk reads its context, writes its new
+    ============= ====================================================================
+
+    with P = ``n_params`` and s bytes per element. Decoding is a chunk with n = 1.
+    """
+    if any(n < 1 or c < n for n, c in chunks):
+        raise ValueError(f"every chunk needs 1 <= new <= context, got {list(chunks)}")
+    s, L = dtype_bytes(dtype), config.n_layers
+    per_position = 2 * L * config.n_kv_heads * config.head_dim * s  # one position's K and V, every layer
+    return {
+        "weight_flops": 2 * n_params * sum(n for n, _ in chunks),
+        "attn_flops": 4 * L * config.n_heads * config.head_dim * sum(n * c - n * (n - 1) / 2 for n, c in chunks),
+        "weight_bytes": n_params * s,
+        "cache_bytes": per_position * sum(c + n for n, c in chunks),
+    }
+
+
+def roofline_seconds(flops: float, n_bytes: float, peak_flops: float, peak_bytes_per_second: float) -> float:
+    """The roofline's time for a piece of work: the slower of its arithmetic and its memory traffic at the peaks."""
+    return max(flops / peak_flops, n_bytes / peak_bytes_per_second)
 
 
 def gib(n_bytes: float) -> float:

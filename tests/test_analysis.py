@@ -15,6 +15,8 @@ from mha_lab.analysis import (
     gib,
     kv_cache_bytes,
     memory_breakdown,
+    roofline_seconds,
+    serving_step_cost,
 )
 from mha_lab.cpu import GroupedQueryAttention, MultiHeadAttention
 
@@ -247,3 +249,15 @@ def test_decode_attention_intensity_is_the_hand_count_for_every_variant():
         decode_attention_intensity(kv(8), variant="MLA absorbed")
     with pytest.raises(ValueError, match="variant"):
         decode_attention_intensity(kv(8), variant="flash")
+
+
+def test_serving_step_cost_counts_chunks_and_decodes():
+    cfg = MODEL_CONFIGS["Llama-3-8B"]  # 32 layers, 32 heads, 8 K/V heads of 128
+    cost = serving_step_cost(cfg, 8e9, [(1, 100), (3, 10)], "bfloat16")
+    assert cost["weight_flops"] == 2 * 8e9 * 4 and cost["weight_bytes"] == 16e9
+    # the decode sees 100 keys; the chunk's three queries see 8, 9 and 10
+    assert cost["attn_flops"] == 4 * 32 * 32 * 128 * (100 + 8 + 9 + 10)
+    assert cost["cache_bytes"] == 2 * 32 * 8 * 128 * 2 * (101 + 13)
+    assert roofline_seconds(10.0, 4.0, 5.0, 1.0) == 4.0 and roofline_seconds(10.0, 1.0, 5.0, 1.0) == 2.0
+    with pytest.raises(ValueError, match="new <= context"):
+        serving_step_cost(cfg, 8e9, [(5, 4)])

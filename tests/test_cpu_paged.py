@@ -130,3 +130,17 @@ def test_packed_sequences_read_back_through_their_tables():
             assert not np.any(read[:, n:] == 0)  # the unused slots hold noise, not zeros
     with pytest.raises(ValueError, match="longer than the capacity"):
         pack_sequences(keys, values, block_size=4, capacity=8)
+
+
+def test_truncating_returns_the_blocks_past_the_new_end():
+    layer = GroupedQueryAttention(D_MODEL, H, H_KV, seed=4)
+    cache = paged_cache(layer, num_blocks=8, block_size=4)
+    seq = cache.add_sequence()
+    k = np.random.default_rng(0).standard_normal((H_KV, 10, layer.d_k))
+    cache.append(seq, k, k)
+    cache.truncate(seq, 5)  # 10 positions in 3 blocks -> 5 in 2
+    assert cache.lengths[seq] == 5 and len(cache.tables[seq]) == 2 and cache.allocator.used == 2
+    cache.append(seq, k[:, 7:9], k[:, 7:9])
+    assert_close(cache.gather(seq)[0], np.concatenate([k[:, :5], k[:, 7:9]], axis=1))
+    with pytest.raises(ValueError, match="cannot truncate"):
+        cache.truncate(seq, 8)
