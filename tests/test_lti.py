@@ -11,12 +11,14 @@ from __future__ import annotations
 import contextlib
 import functools
 import gzip
+import io
 import json
 import re
 import subprocess
 import sys
 import threading
 import time
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -563,3 +565,39 @@ def test_a_roster_file_without_the_match_column_is_refused(tmp_path, monkeypatch
     assert "no column lis_person_sourcedid" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         _export(monkeypatch, tmp_path, _grades(), "--lti", config, "--roster", str(tmp_path / "roster.csv"))
+
+
+class _Wire(io.BytesIO):
+    """A reply's undecoded bytes as urllib3 hands them over, ``delay`` seconds per read."""
+
+    def __init__(self, data: bytes, delay: float = 0.0) -> None:
+        super().__init__(data)
+        self.delay = delay
+
+    def read1(self, size: int = -1, decode_content: bool = True) -> bytes:
+        assert decode_content is False  # the client inflates, within its limit, not urllib3
+        time.sleep(self.delay)
+        return super().read1(min(size, 1000) if self.delay else size)
+
+
+BODY = json.dumps({"members": _members()}).encode()
+
+
+@pytest.mark.parametrize("encoding, wire, delay, limit, expect", [
+    ("gzip", gzip.compress(BODY[:50]) + gzip.compress(BODY[50:]), 0, 1 << 20, BODY),  # two gzip members
+    ("deflate", zlib.compress(BODY), 0, 1 << 20, BODY),
+    ("", BODY, 0, len(BODY), BODY),
+    ("", BODY, 0, len(BODY) - 1, "more than"),
+    ("gzip", gzip.compress(BODY), 0, len(BODY) - 1, "inflates past"),
+    ("gzip", gzip.compress(BODY)[:-12], 0, 1 << 20, "ends early"),
+    ("gzip", b"not gzip at all", 0, 1 << 20, "does not inflate"),
+    ("br", BODY, 0, 1 << 20, "'br', which is not accepted"),
+    ("", bytes(5000), 0.05, 1 << 20, "longer than the timeout"),  # a platform that drips its reply
+])
+def test_a_reply_is_read_within_its_limits(encoding, wire, delay, limit, expect):
+    read = functools.partial(lti._read_body, _Wire(wire, delay), encoding, limit, time.monotonic() + 0.15, "GET x")
+    if isinstance(expect, bytes):
+        assert read() == expect
+    else:
+        with pytest.raises(lti.LtiError, match=re.escape(expect)):
+            read()
