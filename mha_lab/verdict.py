@@ -6,20 +6,22 @@ stated margin: a difference inside the margin is reported as none, a difference 
 its size and direction. The margin is part of the sentence ("within 25%"), so the reader sees
 how large a difference has to be before the book calls it one.
 
-The chapters derive their margins from the build itself: each repeats its fastest-of-N timings a few
-times (``mha_lab.measure.fastest_runs``), takes each reading's ``spread`` and passes
-``timing_margin(...)`` of those spreads to the verdicts. ``TIMING_MARGIN`` is only the default where
-nothing was measured (the command line, the tests).
+The chapters derive their margins from the build itself, by one rule (``paired_margin``): the
+readings of the two things compared are taken in rounds, interleaved (``mha_lab.measure.fastest_runs``),
+so each round gives a pair that shares the machine's load of that moment; the margin is the spread of
+the per-pair ratios. Where that margin is above ``NOISY_MARGIN`` the verdicts say ``TOO_NOISY`` and the
+chapters draw no explanation from the numbers. ``TIMING_MARGIN`` is only the default where nothing was
+measured (the command line, the tests). A comparison that is not a timing (an intensity from a
+spec sheet against a ridge point) states a threshold of its own (``ROOFLINE_BAND``).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
-__all__ = ["TIMING_NOISE", "TIMING_MARGIN", "MIN_MARGIN", "spread", "timing_margin", "relation", "speed", "closeness",
-           "slope", "slope_steps", "rate_changes", "cache_fit", "agreement", "two_digits", "listing", "closeness_each",
-           "roofline"]
+__all__ = ["TIMING_NOISE", "TIMING_MARGIN", "MIN_MARGIN", "NOISY_MARGIN", "TOO_NOISY", "ROOFLINE_BAND", "spread",
+           "paired_margin", "too_noisy", "relation", "speed", "closeness", "slope", "slope_steps", "rate_changes",
+           "cache_fit", "agreement", "two_digits", "whole_or_two_digits", "listing", "closeness_each", "roofline"]
 
 TIMING_NOISE = 0.10
 """How far one timing may be off, either way, on a busy machine (a relative error)."""
@@ -29,8 +31,19 @@ TIMING_MARGIN = 0.25
 up to (1 + 0.1) / (1 - 0.1) - 1 = 22%. A verdict outside this margin cannot be the opposite of the truth."""
 
 MIN_MARGIN = 0.05
-"""The smallest margin ``timing_margin`` gives: a few repeated readings that happen to agree closely do not
-show that the next reading will."""
+"""The smallest margin ``paired_margin`` gives: a few pairs whose ratios happen to agree closely do not show that
+the next pair's will."""
+
+NOISY_MARGIN = 0.5
+"""Above this margin the readings say nothing worth a sentence: a pair's ratio that wanders by more than half
+cannot tell a difference of 1.5 times from none. The verdicts then say ``TOO_NOISY``."""
+
+TOO_NOISY = "too noisy on this build to say"
+
+ROOFLINE_BAND = 1.0
+"""How near a ridge point an intensity from a spec sheet (no timing) counts as "neither bound dominates": within a
+factor of 1 + 1.0 = 2 either way. At an intensity I against a ridge R, the arithmetic takes I/R times as long as
+the reads; a bound dominates when its time is more than twice the other's."""
 
 
 def spread(readings: Sequence[float]) -> float:
@@ -40,12 +53,24 @@ def spread(readings: Sequence[float]) -> float:
     return max(readings) / min(readings) - 1
 
 
-def timing_margin(*spreads: float, floor: float = MIN_MARGIN) -> float:
-    """The margin for comparing quantities whose readings wander by ``spreads``: a ratio of readings that each
-    lie within (1 + s) of their fastest can be off by the product (1 + s_1)(1 + s_2)... - 1; never below ``floor``."""
-    if any(s < 0 for s in spreads):
-        raise ValueError(f"spreads must be non-negative, got {spreads}")
-    return max(floor, math.prod(1 + s for s in spreads) - 1)
+def paired_margin(readings: Sequence[float], references: Sequence[float], floor: float = MIN_MARGIN) -> float:
+    """The margin for the ratio of two quantities read in pairs (round r reads both, interleaved): the spread of the
+    per-pair ratios a_r / b_r, never below ``floor``.
+
+    Load that slows a whole round slows both readings of its pair and cancels in their ratio, so the pairs agree
+    far better than either series does with itself (multiplying the two series' spreads would count that load
+    twice). Rates work the same way: pass the two rates of each round."""
+    if len(readings) != len(references):
+        raise ValueError(f"paired readings need one reference per reading, got {len(readings)} and "
+                         f"{len(references)}")
+    if min(references, default=0) <= 0:
+        raise ValueError(f"paired readings need positive references, got {list(references)}")
+    return max(floor, spread([a / b for a, b in zip(readings, references, strict=True)]))
+
+
+def too_noisy(margin: float) -> bool:
+    """Whether a measured margin is above ``NOISY_MARGIN``: then no verdict and no explanation is drawn from it."""
+    return margin > NOISY_MARGIN
 
 
 def relation(value: float, reference: float, margin: float) -> int:
@@ -72,10 +97,18 @@ def two_digits(x: float) -> str:
     return f"{float(f'{x:.2g}'):g}"
 
 
+def whole_or_two_digits(x: float) -> str:
+    """A figure as the prose prints it: whole from 100 on (242, 29,199), else two significant digits (0.5, 16)."""
+    return f"{x:,.0f}" if abs(x) >= 100 else two_digits(x)
+
+
 def speed(name: str, seconds: float, ref_name: str, ref_seconds: float,
           margin: float = TIMING_MARGIN) -> str:
     """A clause comparing two measured times: "<name> is 1.3 times slower than <ref_name>", "... 1.3 times
-    faster than ...", or "<name> and <ref_name> show no measurable difference on this machine (within 25%)"."""
+    faster than ...", or "<name> and <ref_name> show no measurable difference on this machine (within 25%)"; above
+    ``NOISY_MARGIN``: "the comparison of <name> with <ref_name> is too noisy on this build to say (...)"."""
+    if too_noisy(margin):
+        return f"the comparison of {name} with {ref_name} is {TOO_NOISY} (paired readings {margin:.0%} apart)"
     sign = relation(seconds, ref_seconds, margin)
     if sign > 0:
         return f"{name} is {two_digits(seconds / ref_seconds)} times slower than {ref_name}"
@@ -86,7 +119,10 @@ def speed(name: str, seconds: float, ref_name: str, ref_seconds: float,
 
 def closeness(value: float, reference: float, margin: float = TIMING_MARGIN) -> str:
     """How a measured ``value`` stands to an expected ``reference``: "within 25% of", "33% above" or
-    "30% below", to be followed by the reference ("... the counted 3")."""
+    "30% below", to be followed by the reference ("... the counted 3"); above ``NOISY_MARGIN``: "too noisy on this
+    build to say how near it lies to"."""
+    if too_noisy(margin):
+        return f"{TOO_NOISY} how near it lies to"
     sign = relation(value, reference, margin)
     if sign == 0:
         return f"within {margin:.0%} of"
@@ -97,7 +133,7 @@ def closeness_each(values: Sequence[float], reference: float, margin: float = TI
     """``closeness`` of several values to one reference, said once where they agree: "within 25% of",
     "53% and 57% below"; else each in turn: "within 25% of and 30% above"."""
     words = [closeness(v, reference, margin) for v in values]
-    if len(set(words)) == 1:
+    if len(set(words)) == 1 or too_noisy(margin):
         return words[0]
     signs = {relation(v, reference, margin) for v in values}
     if signs in ({1}, {-1}):  # all above or all below: the direction once
@@ -142,6 +178,8 @@ def listing(items: Sequence[str]) -> str:
 def rate_changes(before: dict[str, float], after: dict[str, float], unit: str, margin: float = TIMING_MARGIN) -> str:
     """How each named rate moved from ``before`` to ``after``, a change inside the relative ``margin`` being none:
     "the rate of a falls from 24 to 6.7 and of b from 32 to 12 GFLOP/s; the rate of c stays within 25%"."""
+    if too_noisy(margin):
+        return f"whether the rates change is {TOO_NOISY} (paired readings {margin:.0%} apart)"
     groups: dict[int, list[str]] = {-1: [], 1: [], 0: []}
     for name, rate in before.items():
         groups[relation(after[name], rate, margin)].append(name)
@@ -162,6 +200,8 @@ def agreement(pairs: dict[str, tuple[float, float]], noun: str, reference: str, 
     """Which named (measured, expected) pairs agree within the relative ``margin``, in one clause: "every measured
     ratio is within 25% of the count", or "a is 30% below the count; the other measured ratios are within 25% of
     it" (``noun`` names what the pairs measure, ``reference`` what they are compared with)."""
+    if too_noisy(margin):
+        return f"whether each {noun} agrees with {reference} is {TOO_NOISY} (paired readings {margin:.0%} apart)"
     apart = [(name, pair) for name, pair in pairs.items() if relation(*pair, margin)]
     outside = [f"{name} is {closeness(*pair, margin)} {reference if i == 0 else 'it'}"
                for i, (name, pair) in enumerate(apart)]
@@ -204,14 +244,25 @@ def cache_fit(smaller: int, larger: int, caches: dict[int, int]) -> str:
     return f"on this processor the smaller fits {cache(small)}, the larger {only}{cache(large)}{exactly}"
 
 
-def roofline(intensities: dict[str, float], ridge: float, margin: float = TIMING_MARGIN) -> str:
+def roofline(intensities: dict[str, float], ridge: float, margin: float | None = None) -> str:
     """Where each named FLOPs-per-byte figure stands against a ridge point, grouped: "MHA (0.5) is below the
-    ridge: memory-bound; GQA (2) is within 25% of it: neither bound dominates; MQA (4) is above it: compute-bound"."""
+    ridge: memory-bound; GQA (2) is within 25% of it: neither bound dominates; MQA (4) is above it: compute-bound".
+
+    Without ``margin`` the figures are a spec sheet's, judged by the stated ``ROOFLINE_BAND`` ("within a factor
+    of 2 of the ridge"); a ridge measured on this machine passes its ``paired_margin``, and above
+    ``NOISY_MARGIN`` gets "too noisy on this build to say". Figures are printed as the prose prints them
+    (``whole_or_two_digits``)."""
+    named = {name: f"{name} ({whole_or_two_digits(x)})" for name, x in intensities.items()}
+    if margin is not None and too_noisy(margin):
+        return (f"where {listing(list(named.values()))} {'stands' if len(named) == 1 else 'stand'} against the "
+                f"ridge is {TOO_NOISY} (paired readings {margin:.0%} apart)")
+    near = f"within {margin:.0%} of the ridge" if margin is not None else \
+        f"within a factor of {1 + ROOFLINE_BAND:g} of the ridge"
     groups: dict[int, list[str]] = {-1: [], 0: [], 1: []}
     for name, x in intensities.items():
-        groups[relation(x, ridge, margin)].append(f"{name} ({two_digits(x)})")
+        groups[relation(x, ridge, ROOFLINE_BAND if margin is None else margin)].append(named[name])
     words = {-1: ("below the ridge", "memory-bound"), 1: ("above the ridge", "compute-bound"),
-             0: (f"within {margin:.0%} of the ridge", "neither bound dominates")}
+             0: (near, "neither bound dominates")}
     clauses = []
     for sign in (-1, 0, 1):
         names = groups[sign]
