@@ -523,9 +523,29 @@ def test_the_report_page_renders_offline_in_chromium(small_class):
 
 
 def test_markdown_rows_hold_students_text_as_text():
-    """report.md puts ids and check messages in table cells: a student id with markup, a pipe or a line break
-    stays text in its own cell (as index.html escapes it)."""
-    row = report._md_row(["<img src=x onerror=alert(1)>", "a|b", "two\nlines `code`", "3"])
-    assert "<img" not in row and "&lt;img src=x onerror=alert(1)&gt;" in row
-    assert row.replace("\\|", "").count("|") == 5 and "\n" not in row  # four cells, one line
-    assert row.endswith("| 3 |")
+    """report.md puts ids and check messages in table cells: a student id with markup, a pipe, an entity or a line
+    break shows as typed, in its own cell, when the Markdown is rendered (index.html escapes it for HTML instead),
+    and the file itself holds no HTML entities."""
+    from markdown_it import MarkdownIt
+
+    said = ["<img src=x onerror=alert(1)>", "a|b", "two\nlines `merge_partials` x'[i] *em* [l](u)", "&#96; &amp; \\ 3"]
+    row = report._md_row(said)
+    assert "\n" not in row and not re.search(r"&#?\w+;", row.replace("\\&", "")), row
+    markdown = MarkdownIt("commonmark").enable("table").enable("strikethrough")
+    page = markdown.render(f"| a | b | c | d |\n|---|---|---|---|\n{row}\n")
+    cells = re.findall(r"<td>(.*?)</td>", page, re.S)
+    assert [html.unescape(c) for c in cells] == [" ".join(t.split()) for t in said], page
+    assert not re.search(r"<(?!/?(table|thead|tbody|tr|th|td)\b)", page), page
+
+
+def test_a_blank_answer_is_counted_apart_not_as_a_misconception():
+    def blank(cell):
+        return f"{cell}: 1 failed\n- test_{cell}: `f` is not implemented yet [bug: not-implemented]"
+
+    data = report.ClassData("a", [report.TestsCell("a", "t", 1, "f"), report.TestsCell("a", "u", 1, "g")], [],
+                            messages={"amy": {"t": blank("t"), "u": "u: 1 failed\n- test_u: wrong [bug: off-by-one]"},
+                                      "ben": {"t": blank("t"), "u": blank("u")},
+                                      "cal": {"t": "t: 1 failed\n- test_t: wrong [bug: off-by-one]"}})
+    groups = [(g["task"], g["bugs"], g["students"]) for g in report.misconceptions(data)]
+    assert groups == [("f", ["off-by-one"], ["cal"]), ("g", ["off-by-one"], ["amy"])]
+    assert report.blank_answers(data) == [{"task": "f", "students": ["amy", "ben"]}, {"task": "g", "students": ["ben"]}]

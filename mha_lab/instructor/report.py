@@ -10,7 +10,8 @@ gradebook (nbgrader's API) and the autograded notebooks, and grades nothing agai
   correlation of the cell's score with the rest of the total (PrairieLearn's question statistics):
   r = corr(s_c, T - s_c) over graded students, none when either side is constant;
 - misconceptions: per task (answer cell), students grouped by the bug ids their failing checks name
-  (``mha_lab.grading.checks.BUG_TAG``), largest group first;
+  (``mha_lab.grading.checks.BUG_TAG``), largest group first; a blank answer (every failing check of the task says
+  ``not-implemented``) is no misconception: blank answers are counted apart, per task;
 - similarity of the code each student wrote (``mha_lab.instructor.similarity``), flagged pairs side by side,
   only student-written code highlighted.
 """
@@ -33,7 +34,7 @@ import numpy as np
 from mha_lab.grading import checks, course, judge
 from mha_lab.instructor import similarity, spreadsheet
 
-__all__ = ["TestsCell", "ClassData", "read_class", "cell_statistics", "misconceptions", "build",
+__all__ = ["TestsCell", "ClassData", "read_class", "cell_statistics", "misconceptions", "blank_answers", "build",
            "write_similarity_csv", "main"]
 
 
@@ -176,11 +177,11 @@ def _label(ids: list[str]) -> str:
     return ids[0] if len(set(ids)) == 1 else "one of: " + ", ".join(sorted(set(ids)))
 
 
-def misconceptions(data: ClassData) -> list[dict]:
-    """Groups of students whose failing checks of one task name the same bugs, largest first:
-    ``{"task", "bugs", "says", "students"}`` (``says``: bug -> what the first message said of it). A line that
-    names several bugs it cannot tell apart counts as "one of: ...", unless another line of the task names one
-    of them alone."""
+BLANK = ("not-implemented",)  # the bugs of a task left as released: a blank answer, not a misconception
+
+
+def _named(data: ClassData) -> tuple[dict[tuple[str, tuple[str, ...]], set[str]], dict[tuple[str, str], str]]:
+    """(task, the bugs its failing checks name) -> students; and ``says`` (task, bug) -> what a line said."""
     task_of = {c.grade_id: c.task for c in data.cells}
     groups: dict[tuple[str, tuple[str, ...]], set[str]] = defaultdict(set)
     says: dict[tuple[str, str], str] = {}
@@ -195,9 +196,25 @@ def misconceptions(data: ClassData) -> list[dict]:
             for line, ids in found:
                 says.setdefault((task, _label(ids)), _phrase(line))
             groups[task, tuple(sorted(named))].add(s)
-    ordered = sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))
+    return groups, says
+
+
+def misconceptions(data: ClassData) -> list[dict]:
+    """Groups of students whose failing checks of one task name the same bugs, largest first:
+    ``{"task", "bugs", "says", "students"}`` (``says``: bug -> what the first message said of it). A line that
+    names several bugs it cannot tell apart counts as "one of: ...", unless another line of the task names one
+    of them alone. Blank answers are not among them (``blank_answers``)."""
+    groups, says = _named(data)
+    ordered = sorted(((k, v) for k, v in groups.items() if k[1] != BLANK), key=lambda kv: (-len(kv[1]), kv[0]))
     return [{"task": t, "bugs": list(ids), "says": {b: says[t, b] for b in ids}, "students": sorted(who)}
             for (t, ids), who in ordered]
+
+
+def blank_answers(data: ClassData) -> list[dict]:
+    """Per task, in the notebook's order, the graded students who left it as released: ``{"task", "students"}``."""
+    groups, _ = _named(data)
+    tasks = list(dict.fromkeys(c.task for c in data.cells))
+    return [{"task": t, "students": sorted(groups[t, BLANK])} for t in tasks if groups.get((t, BLANK))]
 
 
 def _package_answers(assignment: str, root: Path) -> dict[str, str]:
@@ -238,7 +255,7 @@ def build(root: Path, assignment: str) -> Path:
     """Write ``reports/<a>/index.html``, ``report.md``, ``scores.svg`` and ``similarity.csv``; returns the folder."""
     root = Path(root).resolve()
     data = read_class(root, assignment)
-    stats, groups = cell_statistics(data), misconceptions(data)
+    stats, groups, blanks = cell_statistics(data), misconceptions(data), blank_answers(data)
     pairs = similarity.compare(data.code, data.given, _package_answers(assignment, root), shown=SIDE_BY_SIDE)
     out = root / "reports" / assignment
     out.mkdir(parents=True, exist_ok=True)
@@ -249,8 +266,8 @@ def build(root: Path, assignment: str) -> Path:
     flagged = [p for p in pairs if p.flagged]
     svg = _histogram_svg(data)
     (out / "scores.svg").write_text(svg)  # the figure of report.md; index.html has it inline
-    (out / "report.md").write_text(_markdown(data, counts, stats, groups, flagged))
-    (out / "index.html").write_text(_html(data, counts, stats, groups, flagged, svg))
+    (out / "report.md").write_text(_markdown(data, counts, stats, groups, blanks, flagged))
+    (out / "index.html").write_text(_html(data, counts, stats, groups, blanks, flagged, svg))
     return out
 
 
@@ -286,14 +303,25 @@ def _group_label(g: Mapping) -> str:
     return " + ".join(g["bugs"])
 
 
+MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]<>|&!~#$])")  # what could start markup, an entity or a cell break
+
+
 def _md_row(cells: Sequence[str]) -> str:
-    """One row of a markdown table whose cells hold students' text (ids, messages) as text: no markup, no cell
-    break, no line break."""
-    text = (html.escape(" ".join(str(c).split())).replace("|", "\\|").replace("`", "&#96;") for c in cells)
+    """One row of a markdown table whose cells hold students' text (ids, messages) as text: every character that
+    Markdown could read as markup (code, emphasis, links, HTML, entities, a cell break) escaped with a backslash,
+    which shows as the character itself; no line break."""
+    text = (MARKDOWN_SPECIAL.sub(r"\\\1", " ".join(str(c).split())) for c in cells)
     return "| " + " | ".join(text) + " |"
 
 
-def _markdown(data: ClassData, counts: dict, stats: list, groups: list, flagged: list) -> str:
+def _blank_rows(blanks: Sequence[dict]) -> list[list[str]]:
+    return [[b["task"], str(len(b["students"])), ", ".join(b["students"])] for b in blanks]
+
+
+BLANK_NOTE = "Tasks left as released (every check says not implemented): counted here, not as misconceptions."
+
+
+def _markdown(data: ClassData, counts: dict, stats: list, groups: list, blanks: list, flagged: list) -> str:
     finals, totals = list(data.finals.values()), list(data.totals.values())
     lines = [f"# Class report: {data.assignment}", "",
              ", ".join(f"{k}: {v}" for k, v in counts.items()) + (f"; mean final score {np.mean(finals):.2f} of "
@@ -308,6 +336,8 @@ def _markdown(data: ClassData, counts: dict, stats: list, groups: list, flagged:
               "|---|---|---|---|---|"]
     lines += [_md_row([str(len(g["students"])), g["task"], _group_label(g), "; ".join(g["says"].values()),
                        ", ".join(g["students"])]) for g in groups]
+    lines += ["", "## Blank answers", "", BLANK_NOTE, "", "| task | students | who |", "|---|---|---|"]
+    lines += [_md_row(row) for row in _blank_rows(blanks)] or ["| none | | |"]
     lines += ["", f"## Similarity (flagged at {similarity.THRESHOLD:g} or above; all pairs in similarity.csv)", "",
               "| student a | student b | similarity |", "|---|---|---|"]
     lines += [_md_row([p.student_a, p.student_b, f"{p.similarity:.2f}"]) for p in flagged] or ["| none | | |"]
@@ -331,7 +361,7 @@ def _html_table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + f"</tr>{cells}</table>"
 
 
-def _html(data: ClassData, counts: dict, stats: list, groups: list, flagged: list, svg: str) -> str:
+def _html(data: ClassData, counts: dict, stats: list, groups: list, blanks: list, flagged: list, svg: str) -> str:
     e = html.escape
     parts = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>Class report: {e(data.assignment)}"
              f"</title><style>{CSS}</style></head><body><h1>Class report: {e(data.assignment)}</h1>",
@@ -344,6 +374,8 @@ def _html(data: ClassData, counts: dict, stats: list, groups: list, flagged: lis
              _html_table(["students", "task", "bug", "what the checks say", "who"],
                          [[str(len(g["students"])), g["task"], _group_label(g), "; ".join(g["says"].values()),
                            ", ".join(g["students"])] for g in groups]),
+             f"<h2>Blank answers</h2><p>{BLANK_NOTE}</p>",
+             _html_table(["task", "students", "who"], _blank_rows(blanks) or [["none", "", ""]]),
              f"<h2>Similarity</h2><p>Pairs at similarity {similarity.THRESHOLD:g} or above: the larger share of one "
              "side's own code (every answer and cell of its own, the release's code left out) that the other side has "
              "too; every pair is in similarity.csv. Highlighted: code of the student's found on the other side.</p>",

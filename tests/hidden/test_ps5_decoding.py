@@ -84,6 +84,8 @@ def test_rope_values__positions_as_a_list(student):
     try:
         out = checks.call(student, "rope", x, positions)
     except AssertionError as exc:
+        if "` raised " not in str(exc):  # not implemented, not a function: said as it is
+            raise
         raise AssertionError(checks.retag(str(exc), "positions-as-list", note=": positions may be any sequence (a "
                                           "list too): np.asarray(positions) before indexing it")) from None
     checks.expect_array(out, what=what, shape=x.shape)
