@@ -178,7 +178,7 @@ class Platform:
                 if self.path in platform.store.raw:  # a hostile platform's reply, sent byte for byte
                     code, headers, body = platform.store.raw[self.path]
                     self.send_response(code)
-                    for name, value in {**headers, "Content-Length": str(len(body))}.items():
+                    for name, value in {"Content-Length": str(len(body)), **headers}.items():
                         self.send_header(name, value)
                     self.end_headers()
                     with contextlib.suppress(OSError):  # the client may hang up once it has read enough
@@ -419,6 +419,13 @@ def test_a_line_item_on_another_origin_gets_no_score(platform, elsewhere, tmp_pa
     with pytest.raises(lti.LtiError, match=re.escape(f"line item URL of ps2_mqa ({url}/lineitems/1)")):
         lti.post_grades(client, _grades(), ["ps2_mqa"])
     assert seen == []
+
+
+def test_a_reply_cut_short_is_tried_again_then_named(platform, tmp_path, monkeypatch, capsys):
+    platform.store.raw["/memberships"] = (200, {"Content-Length": "100000"}, b'{"members": [')
+    assert _export(monkeypatch, tmp_path, _grades(), "--lti", str(_config(tmp_path, platform, retries=1))) == 1
+    assert "/memberships: no connection (ProtocolError)" in capsys.readouterr().err
+    assert platform.store.log.count("GET /memberships") == 2
 
 
 def test_next_links_on_the_platform_are_followed_and_gzip_is_read(platform, tmp_path):

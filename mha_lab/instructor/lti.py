@@ -69,8 +69,8 @@ from urllib.parse import urljoin, urlsplit, urlunsplit
 import jwt
 import requests
 import tomllib
+import urllib3
 from cryptography.hazmat.primitives import serialization
-from urllib3.exceptions import LocationParseError
 from urllib3.util import parse_url
 
 from mha_lab.instructor.lms import Grade
@@ -162,7 +162,7 @@ def origin(url: object, what: str) -> Origin:
         raise LtiError(f"{what} {shown(url)!r}: not a plain http(s) URL")
     try:
         parts = parse_url(url)
-    except (LocationParseError, ValueError) as exc:
+    except (urllib3.exceptions.LocationParseError, ValueError) as exc:
         raise LtiError(f"{what} {shown(url)}: not a URL ({shown(exc, 120)})") from None
     if parts.scheme not in ("http", "https") or not parts.host or parts.auth is not None:
         raise LtiError(f"{what} {shown(url)}: not a plain http(s)://host/... URL")
@@ -328,7 +328,7 @@ class Client:
                                       time.monotonic() + self.reg.timeout, f"{method} {shown(url)}")
                     reply = Reply(url, r.status_code, shown(r.reason, 80), r.headers, r.links, body)
                 status, why = reply.status, reply.reason
-            except requests.RequestException as exc:
+            except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:  # body cut short too
                 reply, status, why = None, 0, f"no connection ({exc.__class__.__name__})"
             if reply is not None and 300 <= status < 400:
                 raise LtiError(f"{method} {shown(url)}: redirected ({status}) to "
@@ -337,7 +337,7 @@ class Client:
                 return reply
             if status not in (0, 429) and status < 500 or attempt == self.reg.retries:
                 detail = shown(reply.body.decode(errors="replace")) if reply is not None else ""
-                raise LtiError(f"{method} {shown(url)}: {status or ''} {why} {detail}".strip())
+                raise LtiError(f"{method} {shown(url)}: " + " ".join(str(x) for x in (status, why, detail) if x))
             wait = self.reg.backoff * 2 ** attempt
             if reply is not None and reply.headers.get("Retry-After", "").isdigit():
                 wait = min(float(reply.headers["Retry-After"]), 60.0)
