@@ -51,6 +51,10 @@ COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
                     "grade a generated class of 200 ps1 submissions and time it (--n for fewer)"),
     "export": (_module("mha_lab.instructor.export"),
                "grades into the LMS: fill a Canvas gradebook export for import (--canvas, --out), or a long CSV"),
+    "cp": (_module("mha_lab.parallel.context_check"),
+           "context-parallel attention (ring, Ulysses) on spawned ranks (or under torchrun), checked against one device"),
+    "train": (_module("mha_lab.model.train"),
+              "train the course's small byte-level language model (pretrain, long-context fine-tunes, GQA)"),
     "tp": (_module("mha_lab.parallel.check"),
            "tensor-parallel attention on spawned ranks (or under torchrun), checked against one device"),
 }

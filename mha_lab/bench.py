@@ -43,7 +43,7 @@ from mha_lab.testing import tolerances
 
 __all__ = ["Target", "TARGETS", "run_suite", "BenchResults", "main"]
 
-SECTIONS = ("forward", "parts", "tiles", "backward", "memory", "gemm", "tp")
+SECTIONS = ("forward", "parts", "tiles", "backward", "memory", "gemm", "tp", "cp")
 MAX_SCORE_BYTES = 2 * 2**30  # skip implementations that would hold a (B, h, L, L) tensor larger than this
 TARGET_H = 8  # the head count at which the targets are judged
 
@@ -220,7 +220,7 @@ class BenchResults:
                                   fmt(r["h"], ""), fmt(r["seconds"] and r["seconds"] * 1e3, ".1f"),
                                   fmt(r["peak_bytes"] and r["peak_bytes"] / 2**20, ".1f"), fmt(r["gflops"], ".1f"),
                                   fmt(r["gemm_fraction"], ".0%")] for r in self.rows]),
-                 *self._tp_markdown(),
+                 *self._tp_markdown(), *self._cp_markdown(),
                  "", "### Growth with L (log-log fit)", "",
                  markdown_table(["quantity", "section", "implementation", "dtype", "h", "L range", "exponent"],
                                 [[f["quantity"], f["section"], f["impl"], f["dtype"], str(f["h"]),
@@ -242,6 +242,21 @@ class BenchResults:
                                  f"{one['seconds'] / r['seconds']:.2f}x" if one else "", f"{r['ideal_speedup']}x"]
                                 for r in rows])]
 
+    def _cp_markdown(self) -> list[str]:
+        """The context-parallel rows: ring and Ulysses, time per step, communication's share, bytes per rank."""
+        rows = self.select(section="cp")
+        if not rows:
+            return []
+        one = {r["mode"]: r for r in rows if r["ranks"] == 1}
+        return ["", f"### Context parallelism on CPU ranks (causal attention, one thread each, L={rows[0]['L']}, "
+                "float32)", "",
+                markdown_table(["mode", "ranks", "time per step (ms)", "communication share", "KiB sent per rank",
+                                "speed-up", "at most"],
+                               [[r["mode"], str(r["ranks"]), f"{r['seconds'] * 1e3:.1f}", f"{r['comm_share']:.0%}",
+                                 f"{r['bytes_per_rank'] / 2**10:.0f}",
+                                 f"{one[r['mode']]['seconds'] / r['seconds']:.2f}x" if r["mode"] in one else "",
+                                 f"{r['ideal_speedup']}x"] for r in rows])]
+
     def to_dict(self) -> dict:
         return {"machine": self.machine, "config": self.config, "rows": self.rows,
                 "ratios": self.ratios(), "exponents": self.exponents()}
@@ -255,10 +270,12 @@ def _grid(quick: bool) -> dict:
     if quick:
         return {"B": 2, "d_model": 512, "lengths": (256, 1024), "heads": (TARGET_H,),
                 "memory_lengths": (256, 1024), "backward_lengths": (512,), "parts_lengths": (256, 1024),
-                "tiles_lengths": (1024,), "repeat": 3, "gemm_n": 1024, "tp_length": 256, "tp_ranks": (1, 2)}
+                "tiles_lengths": (1024,), "repeat": 3, "gemm_n": 1024, "tp_length": 256, "tp_ranks": (1, 2),
+                "cp_length": 256, "cp_ranks": (1, 2)}
     return {"B": 2, "d_model": 512, "lengths": (256, 1024, 4096), "heads": (1, TARGET_H, 16),
             "memory_lengths": (256, 1024, 4096), "backward_lengths": (256, 1024), "parts_lengths": (256, 1024),
-            "tiles_lengths": (4096,), "repeat": 5, "gemm_n": 2048, "tp_length": 256, "tp_ranks": (1, 2, 4)}
+            "tiles_lengths": (4096,), "repeat": 5, "gemm_n": 2048, "tp_length": 256, "tp_ranks": (1, 2, 4),
+            "cp_length": 1024, "cp_ranks": (1, 2, 4)}
 
 
 def _row(section: str, impl: str, dtype: str, B: int | None, L: int, d_model: int, h: int | None, seconds=None,
@@ -287,6 +304,24 @@ def _tp_rows(B: int, L: int, d_model: int, ranks: tuple[int, ...], repeat: int) 
              "ranks": r["world_size"], "allreduce_share": r["allreduce_share"],
              "allreduce_bytes_per_rank": sum(r["bytes"].values()), "ideal_speedup": r["ideal_speedup"]}
             for r in measure_scaling(case, ranks, repeat)]
+
+
+def _cp_rows(B: int, L: int, d_model: int, ranks: tuple[int, ...], repeat: int) -> list[dict]:
+    """Causal ring attention and Ulysses, forward and backward, on CPU ranks (``mha_lab.parallel.scaling``), float32.
+
+    Each row adds the share of the step spent communicating (what the compute did not hide), the bytes
+    each rank sent, and the ideal speed-up ``min(ranks, cores)``.
+    """
+    from mha_lab.parallel.context_check import Case
+    from mha_lab.parallel.scaling import measure_context_scaling
+
+    cases = [Case(mode=m, causal=True, batch=B, seq_len=L, heads=TARGET_H, head_dim=d_model // TARGET_H,
+                  dtype="float32") for m in ("ring", "ulysses")]
+    return [{**_row("cp", f"{r['mode']}, {r['world_size']} rank(s)", "float32", B, L, d_model, TARGET_H,
+                    seconds=r["seconds"], flops=int(r["flops_per_rank"] * r["world_size"])),
+             "mode": r["mode"], "ranks": r["world_size"], "comm_share": r["comm_share"],
+             "bytes_per_rank": sum(r["bytes"].values()), "ideal_speedup": r["ideal_speedup"]}
+            for r in measure_context_scaling(cases, ranks, repeat)]
 
 
 class _Shape:
@@ -377,7 +412,8 @@ def run_suite(quick: bool = False, sections: tuple[str, ...] = SECTIONS, progres
     hold a (B, h, L, L) tensor larger than ``MAX_SCORE_BYTES`` are left out of that shape (L=4096, h=16: 4 GiB).
     ``grid`` overrides entries of the grid (the tests use a tiny one). The ``tp`` section starts
     ``max(tp_ranks)`` processes and times a training step of the tensor-parallel layer on each
-    rank count (``mha_lab.parallel.scaling``); an empty ``tp_ranks`` leaves it out. The ``parts``
+    rank count (``mha_lab.parallel.scaling``); an empty ``tp_ranks`` leaves it out. The ``cp`` section does the
+    same for causal ring attention and Ulysses at ``cp_length`` on ``cp_ranks``. The ``parts``
     section times ``ForwardParts`` at ``parts_lengths``, h = 8: one row per part, with its FLOPs; the ``tiles``
     section the chunked forward with each of ``bench_tiles.TILES`` at ``tiles_lengths``, h = 8.
 
@@ -444,6 +480,8 @@ def run_suite(quick: bool = False, sections: tuple[str, ...] = SECTIONS, progres
                          times.items()]
     if "tp" in sections and g["tp_ranks"] and _torch() is not None:
         results.rows += _tp_rows(B, g["tp_length"], d, tuple(g["tp_ranks"]), R)
+    if "cp" in sections and g["cp_ranks"] and _torch() is not None:
+        results.rows += _cp_rows(B, g["cp_length"], d, tuple(g["cp_ranks"]), R)
     return results
 
 

@@ -22,7 +22,7 @@ torch = pytest.importorskip("torch")
 
 TINY = {"B": 1, "d_model": 32, "lengths": (16, 48), "heads": (2, bench.TARGET_H), "memory_lengths": (16, 48),
         "backward_lengths": (16, 48), "parts_lengths": (16, 48), "tiles_lengths": (48,), "repeat": 2, "gemm_n": 64,
-        "tp_ranks": ()}  # the tensor-parallel row starts processes: tests/test_tp_distributed.py covers it
+        "tp_ranks": (), "cp_ranks": ()}  # these rows start processes: tests/test_*_distributed.py cover them
 FORWARD_IMPLS = {("numpy fused", "float64"), ("numpy fused", "float32"), ("per-head loop", "float64"),
                  ("head by head", "float64"), ("chunked", "float64"), ("torch eager", "float64"),
                  ("torch SDPA", "float64"), ("torch nn.MultiheadAttention", "float64")}

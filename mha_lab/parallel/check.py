@@ -14,7 +14,6 @@ the output and for every gradient, and the bytes each rank handed to the all-red
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from dataclasses import asdict, dataclass
 
@@ -24,11 +23,11 @@ import torch.distributed as dist
 from mha_lab.cuda.attention import MultiHeadAttention
 from mha_lab.parallel.cost import allreduce_bytes, kv_grad_allreduce_bytes
 from mha_lab.parallel.heads import check_split, head_columns, rank_heads
-from mha_lab.parallel.launch import DEVICES, init_from_env, spawn, under_torchrun
+from mha_lab.parallel.launch import add_launch_arguments, init_from_env, launch_world_size, spawn, under_torchrun
 from mha_lab.parallel.layer import TensorParallelAttention
 from mha_lab.testing import tolerances
 
-__all__ = ["Case", "reference", "check_case", "check_worker", "format_report", "main"]
+__all__ = ["Case", "reference", "check_case", "check_worker", "bytes_per_rank", "format_report", "main"]
 
 OPS = ("g forward", "f backward", "K/V grads backward")
 
@@ -119,14 +118,20 @@ def _report(case: Case, tp: TensorParallelAttention, backend: str, device, shard
     formula = {"g forward": message["message"], "f backward": message["message"],
                "K/V grads backward": kv_grad_allreduce_bytes(case.d_model, case.heads, tp.num_kv_heads,
                                                              tp.world_size, case.bias, case.dtype)}
-    per_rank = [{op: sum(r["bytes"] for r in s["comm"] if r["op"] == op) for op in OPS} for s in shards]
-    measured = {op: max(b[op] for b in per_rank) for op in OPS}
+    sent = bytes_per_rank(shards, OPS)
     return {"case": asdict(case), "world_size": tp.world_size, "backend": backend, "device": str(device),
-            "kv_split": tp.num_kv_heads >= tp.world_size, "diffs": diffs, "close": close,
-            "bytes": measured, "bytes_equal_on_ranks": all(b == per_rank[0] for b in per_rank),
-            "calls": {op: sum(r["op"] == op for r in shards[0]["comm"]) for op in OPS},
+            "kv_split": tp.num_kv_heads >= tp.world_size, "diffs": diffs, "close": close, **sent,
             "formula": formula, "ring_per_rank": message["ring_per_device"],
-            "ok": all(close.values()) and measured == formula}
+            "ok": all(close.values()) and sent["bytes"] == formula}
+
+
+def bytes_per_rank(shards: list[dict], ops) -> dict:
+    """From every rank's ``comm`` log: the most bytes any rank sent per op, whether all ranks sent the same,
+    and rank 0's number of calls per op."""
+    per_rank = [{op: sum(r["bytes"] for r in s["comm"] if r["op"] == op) for op in ops} for s in shards]
+    return {"bytes": {op: max(b[op] for b in per_rank) for op in ops},
+            "bytes_equal_on_ranks": all(b == per_rank[0] for b in per_rank),
+            "calls": {op: sum(r["op"] == op for r in shards[0]["comm"]) for op in ops}}
 
 
 def check_worker(device: torch.device, cases: list[Case]) -> list[dict | None]:
@@ -163,7 +168,6 @@ def format_report(r: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Spawn the ranks (or join torchrun's), check one case, print rank 0's report; 1 on a mismatch."""
     parser = argparse.ArgumentParser(prog="python -m mha_lab tp", description=__doc__.splitlines()[0])
-    parser.add_argument("--world-size", type=int, default=2, help="ranks to spawn (under torchrun: its world size)")
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--seq-len", type=int, default=64)
     parser.add_argument("--d-model", type=int, default=64)
@@ -173,20 +177,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-bias", action="store_true")
     parser.add_argument("--dtype", choices=("float64", "float32"), default="float64")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--device", choices=DEVICES, default="auto",
-                        help="auto: one GPU per rank with NCCL when there are enough GPUs, else CPU with gloo")
-    parser.add_argument("--timeout", type=float, default=120.0, help="seconds before a stuck job is stopped")
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    torchrun = under_torchrun()
-    if torchrun and "--world-size" in (sys.argv[1:] if argv is None else argv) \
-            and args.world_size != int(os.environ["WORLD_SIZE"]):
-        parser.error(f"--world-size {args.world_size} but torchrun started {os.environ['WORLD_SIZE']} ranks")
+    add_launch_arguments(parser)
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser.parse_args(argv)
+    torchrun, world_size = under_torchrun(), launch_world_size(parser, args, argv)
     case = Case(args.batch, args.seq_len, args.d_model, args.heads, args.kv_heads, args.causal,
                 not args.no_bias, args.dtype, args.seed)
     try:  # refuse a bad layer or split here, before any rank starts
         MultiHeadAttention(case.d_model, case.heads, case.kv_heads)
-        check_split(case.heads, case.kv_heads or case.heads,
-                    int(os.environ["WORLD_SIZE"]) if torchrun else args.world_size)
+        check_split(case.heads, case.kv_heads or case.heads, world_size)
     except ValueError as err:
         parser.error(str(err))
     if torchrun:

@@ -10,6 +10,7 @@ hanging it.
 
 from __future__ import annotations
 
+import argparse
 import os
 import queue
 import socket
@@ -24,7 +25,8 @@ import torch.multiprocessing as mp
 
 from mha_lab.measure import usable_cores
 
-__all__ = ["spawn", "init_from_env", "under_torchrun", "free_port", "pick_device"]
+__all__ = ["spawn", "init_from_env", "under_torchrun", "free_port", "pick_device", "add_launch_arguments",
+           "launch_world_size"]
 
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -125,3 +127,23 @@ def spawn(fn: Callable, world_size: int, args: tuple = (), timeout: float = 120.
                 p.kill()
                 p.join()
     return [values[r] for r in range(world_size)]
+
+
+def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options every command that starts ranks shares: --world-size, --device, --timeout."""
+    parser.add_argument("--world-size", type=int, default=2, help="ranks to spawn (under torchrun: its world size)")
+    parser.add_argument("--device", choices=DEVICES, default="auto",
+                        help="auto: one GPU per rank with NCCL when there are enough GPUs, else CPU with gloo")
+    parser.add_argument("--timeout", type=float, default=120.0, help="seconds before a stuck job is stopped")
+
+
+def launch_world_size(parser: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str]) -> int:
+    """The job's world size: torchrun's when it started this process (a different --world-size is an error)."""
+    if not under_torchrun():
+        if args.world_size < 1:
+            parser.error(f"--world-size must be at least 1, got {args.world_size}")
+        return args.world_size
+    started = int(os.environ["WORLD_SIZE"])
+    if "--world-size" in argv and args.world_size != started:
+        parser.error(f"--world-size {args.world_size} but torchrun started {started} ranks")
+    return started
