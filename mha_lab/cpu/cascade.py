@@ -33,29 +33,30 @@ def group_queries(q: np.ndarray, num_kv_heads: int) -> np.ndarray:
 
 def cascade_attention(q: np.ndarray, K_shared: np.ndarray, V_shared: np.ndarray,
                       K_own: list[np.ndarray], V_own: list[np.ndarray]) -> np.ndarray:
-    """One decoding query per request over a shared prefix and its own suffix, the prefix read once.
+    """One decoding query per request over a shared prefix (read once) and its own suffix.
 
-    Shapes: q (N, h, 1, d); K_shared, V_shared (h_kv, P, d); K_own[i], V_own[i] (h_kv, S_i, d)
-    with S_i >= 1 (the request's own token at least) -> (N, h, 1, d). Equals attention of
-    request i over the concatenation of the prefix and its suffix.
+    Shapes: q (N, h, 1, d); K_shared, V_shared (h_kv, P, d); K_own[i], V_own[i]
+    (h_kv, S_i, d) with S_i >= 1 -> (N, h, 1, d): request i's attention over the
+    prefix followed by its suffix.
     """
     check_rank("q", q, 4, "(N, h, 1, d)")
     N, h, one, d = q.shape
     if one != 1 or len(K_own) != N or len(V_own) != N:
-        raise ValueError(f"q must be (N, h, 1, d) with one suffix per request; got q {q.shape}, "
-                         f"{len(K_own)} key and {len(V_own)} value suffixes")
+        raise ValueError(f"q must be (N, h, 1, d) with one suffix per request; got q "
+                         f"{q.shape}, {len(K_own)} key and {len(V_own)} value suffixes")
     h_kv = K_shared.shape[0]
-    # level 1: every request's queries against the prefix, one pass: states (h_kv, N·g, 1 or d)
-    m, l, acc = (x[0] for x in split_k_partials(group_queries(q, h_kv), K_shared, V_shared, 1))
-    shared = [x.reshape(h_kv, N, h // h_kv, -1).transpose(1, 0, 2, 3).reshape(N, h, 1, -1)  # (N, h, 1, ·)
-              for x in (m, l, acc)]
-    # level 2: each request's queries against its own suffix
-    own = [[x[0].reshape(h, 1, -1) for x in split_k_partials(group_queries(q[i:i + 1], h_kv), K, V, 1)]
-           for i, (K, V) in enumerate(zip(K_own, V_own, strict=True))]
-    own_m, own_l, own_acc = (np.stack(x) for x in zip(*own, strict=True))  # (N, h, 1, ·)
-    out, _ = merge_partials(np.stack([shared[0], own_m]), np.stack([shared[1], own_l]),
-                            np.stack([shared[2], own_acc]))
-    return out
+
+    def state(queries, K, V):  # (h_kv, rows, d) -> m, l (h_kv, rows, 1), acc (h_kv, rows, d)
+        return [x[0] for x in split_k_partials(queries, K, V, num_splits=1)]
+
+    # level 1: all N requests' queries against the prefix, in one pass
+    shared = [x.reshape(h_kv, N, h // h_kv, -1).transpose(1, 0, 2, 3)  # (N, h_kv, g, ·)
+              .reshape(N, h, 1, -1) for x in state(group_queries(q, h_kv), K_shared, V_shared)]
+    # level 2: each request's queries against its own suffix: (N, h, 1, ·) each
+    own = zip(*[[x.reshape(h, 1, -1) for x in state(group_queries(q[i:i + 1], h_kv), K, V)]
+                for i, (K, V) in enumerate(zip(K_own, V_own, strict=True))], strict=True)
+    m, l, acc = (np.stack([s, np.stack(o)]) for s, o in zip(shared, own, strict=True))
+    return merge_partials(m, l, acc)[0]  # the two levels merged: (N, h, 1, d)
 
 
 def cascade_bytes(num_requests: int, prefix_len: int, suffix_len: int, num_heads: int, num_kv_heads: int,

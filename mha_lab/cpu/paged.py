@@ -143,12 +143,14 @@ class PagedKVCache:
     def truncate(self, seq: int, length: int) -> None:
         """Forget the positions of ``seq`` from ``length`` on (tokens a verifier rejected).
 
-        Blocks wholly past the new end go back to the pool; rows past it in the last kept
-        block are overwritten by the next append (copied first if that block is shared).
+        Blocks wholly past the new end go back to the pool; rows past it in the
+        last kept block are overwritten by the next append (copied first if that
+        block is shared).
         """
         self._check(seq)
         if not 0 <= length <= self.lengths[seq]:
-            raise ValueError(f"cannot truncate sequence {seq} of {self.lengths[seq]} positions to {length}")
+            raise ValueError(f"cannot truncate sequence {seq} of {self.lengths[seq]} "
+                             f"positions to {length}")
         table, keep = self.tables[seq], -(-length // self.allocator.block_size)
         for block in table[keep:]:
             self.allocator.release(block)

@@ -30,8 +30,9 @@ ROOT_HASH = b"\x00" * 32
 """The parent hash of a sequence's first block (vLLM draws it at random per process)."""
 
 
-def block_hashes(tokens: list[int] | np.ndarray, block_size: int, parent: bytes = ROOT_HASH) -> list[bytes]:
-    """The chained SHA-256 of each full block of ``tokens``: ``h_i = H(h_{i-1} || tokens of block i)``.
+def block_hashes(tokens: list[int] | np.ndarray, block_size: int,
+                 parent: bytes = ROOT_HASH) -> list[bytes]:
+    """The chained SHA-256 of each full block: ``h_i = H(h_{i-1} || block i's tokens)``.
 
     A partial last block has no hash: its contents may still change.
     """
@@ -40,7 +41,8 @@ def block_hashes(tokens: list[int] | np.ndarray, block_size: int, parent: bytes 
     ids = np.asarray(tokens, dtype=np.int64)
     out = []
     for i in range(len(ids) // block_size):
-        parent = hashlib.sha256(parent + ids[i * block_size:(i + 1) * block_size].tobytes()).digest()
+        block = ids[i * block_size:(i + 1) * block_size]
+        parent = hashlib.sha256(parent + block.tobytes()).digest()
         out.append(parent)
     return out
 
@@ -104,16 +106,18 @@ class PrefixCachedKV(PagedKVCache):
         self.hashes: dict[int, list[bytes]] = {}
 
     def add_request(self, prompt: list[int] | np.ndarray) -> tuple[int, int]:
-        """A new sequence holding the longest cached prefix of ``prompt``; returns (seq, positions reused).
+        """A new sequence holding the longest cached prefix of ``prompt``.
 
-        At most ``len(prompt) - 1`` positions are reused: the prompt's last token is always
-        computed, since its output gives the first new token.
+        Returns (seq, positions reused). At most ``len(prompt) - 1`` positions are
+        reused: the prompt's last token is always computed, since its output gives
+        the first new token.
         """
         prompt = [int(t) for t in prompt]
         if not prompt:
             raise ValueError("a request needs at least one prompt token")
         seq = self.add_sequence()
-        a, table, hashes = self.allocator, self.tables[seq], self.hashes.setdefault(seq, [])
+        a, table = self.allocator, self.tables[seq]
+        hashes = self.hashes.setdefault(seq, [])
         usable = (len(prompt) - 1) // a.block_size
         for h in block_hashes(prompt[:usable * a.block_size], a.block_size):
             block = a.lookup(h)

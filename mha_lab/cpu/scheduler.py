@@ -89,29 +89,31 @@ class ContinuousBatcher:
         self.steps: list[list[Chunk]] = []
 
     def _blocks_needed(self, r: _Running, n: int) -> int:
-        return -(-(r.computed + n) // self.cache.allocator.block_size) - len(self.cache.tables[r.seq])
+        """New blocks request r needs to hold n more positions."""
+        bs = self.cache.allocator.block_size
+        return -(-(r.computed + n) // bs) - len(self.cache.tables[r.seq])
 
-    def _schedule(self, running: list[_Running], waiting: deque[Served], now: float) -> list[tuple[_Running, int]]:
-        """This step's (request, tokens) pairs; preempts and admits as it goes."""
+    def _preempt(self, running: list[_Running], waiting: deque[Served]) -> int:
+        """Free the request admitted last, which waits first to recompute; returns its blocks."""
+        victim = running.pop()
+        freed = len(self.cache.tables[victim.seq])
+        self.cache.free_sequence(victim.seq)
+        victim.served.preemptions += 1
+        waiting.appendleft(victim.served)
+        return freed
+
+    def _schedule(self, running: list[_Running], waiting: deque[Served],
+                  now: float) -> list[tuple[_Running, int]]:
+        """This step's (request, tokens) pairs: running ones first, then admissions."""
         budget, free = self.token_budget, len(self.cache.allocator.free)
-        plan: list[tuple[_Running, int]] = []
-        preempted = False
+        plan, preempted = [], False
         for r in list(running):
-            if budget == 0:
-                break
-            if r not in running:  # preempted below for an earlier request
+            if budget == 0 or r not in running:  # out of tokens, or preempted
                 continue
-            n = min(len(r.tokens) - r.computed, budget)
-            while self._blocks_needed(r, n) > free:  # preempt the request admitted last
-                victim = running.pop()
-                free += len(self.cache.tables[victim.seq])
-                plan = [(p, m) for p, m in plan if p is not victim]
-                self.cache.free_sequence(victim.seq)
-                victim.served.preemptions += 1
-                waiting.appendleft(victim.served)
+            n = min(len(r.tokens) - r.computed, budget)  # 1 to decode, or a chunk
+            while r in running and self._blocks_needed(r, n) > free:
+                free += self._preempt(running, waiting)
                 preempted = True
-                if victim is r:
-                    break
             if r in running:
                 free -= self._blocks_needed(r, n)
                 plan.append((r, n))
@@ -119,7 +121,7 @@ class ContinuousBatcher:
         while (waiting and not preempted and budget and len(running) < self.max_running
                and waiting[0].request.arrival <= now):
             r = _Running(waiting[0], self.cache.add_sequence())
-            n = min(len(r.tokens), budget)
+            n = min(len(r.tokens), budget)  # a prompt's first chunk
             if self._blocks_needed(r, n) > free:
                 self.cache.free_sequence(r.seq)
                 break

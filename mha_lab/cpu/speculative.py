@@ -69,15 +69,15 @@ def residual(p: np.ndarray, q: np.ndarray) -> np.ndarray:
 
 
 def verify(p: np.ndarray, q: np.ndarray, drafted: list[int], draw: Draw) -> list[int]:
-    """The modified rejection rule: the accepted drafts, then one token from the residual or the bonus.
+    """The modified rejection rule: the accepted drafts, then a residual or bonus token.
 
-    Shapes: p (k+1, V) the target's distributions after each draft prefix; q (k, V) the draft's;
-    ``drafted`` the k tokens. Returns between 1 and k+1 tokens.
+    Shapes: p (k+1, V) the target's distributions after each draft prefix; q (k, V)
+    the draft's; ``drafted`` the k tokens. Returns between 1 and k+1 tokens.
     """
     k = len(drafted)
     if p.shape[0] != k + 1 or q.shape[0] != k:
-        raise ValueError(f"{k} drafted tokens need p of k+1 = {k + 1} rows and q of k rows; "
-                         f"got {p.shape[0]} and {q.shape[0]}")
+        raise ValueError(f"{k} drafted tokens need p of k+1 = {k + 1} rows and q of k "
+                         f"rows; got {p.shape[0]} and {q.shape[0]}")
     out = []
     for i, x in enumerate(drafted):
         if not draw.accept(acceptance_probability(p[i], q[i], x)):
