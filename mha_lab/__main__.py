@@ -55,6 +55,8 @@ COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
            "context-parallel attention (ring, Ulysses) on spawned ranks (or under torchrun), checked against one device"),
     "train": (_module("mha_lab.model.train"),
               "train the course's small byte-level language model (pretrain, long-context fine-tunes, GQA)"),
+    "lm-eval": (_module("mha_lab.model.evaluate"),
+                "measure the trained model under sinks, windows, quantised caches, RoPE scalings and GQA (JSON)"),
     "tp": (_module("mha_lab.parallel.check"),
            "tensor-parallel attention on spawned ranks (or under torchrun), checked against one device"),
 }

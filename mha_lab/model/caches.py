@@ -1,0 +1,154 @@
+r"""The caches servers keep, as attention cores for ``ByteLM``: every query sees what a streaming cache holds.
+
+A core receives the whole sequence at once (queries and keys rotated at positions 0..L-1) and
+gives query t exactly what a cache would hold after token t was appended, so one forward pass
+measures a stream decoded token by token. ``tests/test_model.py`` checks each against a plain
+token-by-token cache.
+
+- ``streaming_core(window, sinks)``: StreamingLLM's cache: the first ``sinks`` tokens and the
+  last ``window``; positions are renumbered inside the cache (sink s at s, the newest token at
+  sinks + window - 1), as StreamingLLM does, so no distance exceeds the cache's size.
+- ``fake_quant_core(...)``: keys and values rounded as a uniformly quantised cache stores them
+  (int8 with a scale per token, fp8 e4m3 with one scale per layer).
+- ``kivi_core(bits, group)``: KIVI (Liu et al. 2024) as tokens stream in: keys quantised per
+  channel over groups of ``group`` tokens once a group is complete, values per token once
+  they are older than the newest ``group`` tokens; the rest is the full-precision residual.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from mha_lab.cpu.quantized import Axis, Format, quantize
+from mha_lab.model.transformer import Core, Rope, attention_weights, rotate
+
+__all__ = ["streaming_mask", "streaming_core", "fake_quant_core", "minmax_quantize", "kivi_masks", "kivi_core",
+           "kivi_bytes_per_token", "uniform_bytes_per_token"]
+
+
+def _expand(q: torch.Tensor, *kv: torch.Tensor) -> list[torch.Tensor]:
+    """K/V heads repeated for their query heads: (B, h_kv, L, d) -> (B, h, L, d)."""
+    return [x.repeat_interleave(q.shape[1] // x.shape[1], dim=1) for x in kv]
+
+
+def streaming_mask(L: int, window: int, sinks: int) -> torch.Tensor:
+    """(L, L) boolean: query t holds key j when j <= t and (j < sinks or t - j < window)."""
+    if window < 1 or sinks < 0:
+        raise ValueError(f"need window >= 1 and sinks >= 0, got window={window}, sinks={sinks}")
+    t = torch.arange(L)[:, None]
+    j = torch.arange(L)[None, :]
+    return (j <= t) & ((j < sinks) | (t - j < window))
+
+
+def streaming_core(window: int, sinks: int) -> Core:
+    r"""StreamingLLM's cache of ``sinks`` first tokens and the last ``window``, positions renumbered.
+
+    Query t sits at cache position :math:`P_t = \min(t, S + W - 1)`; a window key j at
+    :math:`P_t - (t - j)`, so its score is the usual one; a sink s at s, so its score needs the
+    query rotated at :math:`P_t`, i.e. turned back by :math:`t - P_t` from where it is.
+    """
+    def core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sink_logits: torch.Tensor | None,
+             rope: Rope, **_: object) -> torch.Tensor:
+        L, scale = q.shape[-2], 1 / math.sqrt(q.shape[-1])
+        k, v = _expand(q, k, v)
+        scores = q @ k.transpose(-2, -1) * scale  # (B, h, L, L): window keys at their own distance
+        if sinks:
+            t = torch.arange(L)
+            q_back = rotate(q, torch.clamp(t, max=sinks + window - 1) - t, rope.freqs)  # q at P_t
+            scores[..., :sinks] = q_back @ k[..., :sinks, :].transpose(-2, -1) * scale  # (B, h, L, S)
+        return attention_weights(scores, streaming_mask(L, window, sinks), sink_logits) @ v  # (B, h, L, d)
+    return core
+
+
+def _dequantized(x: torch.Tensor, fmt: Format, axis: Axis) -> torch.Tensor:
+    return torch.from_numpy(quantize(x.numpy().astype(np.float64), fmt, axis).dequantize()).to(x.dtype)
+
+
+def fake_quant_core(fmt: Format, axis: Axis, per_layer: bool = False) -> Core:
+    """Causal attention over keys and values rounded by ``mha_lab.cpu.quantize(fmt, axis)``.
+
+    ``per_layer``: one scale for the layer's whole cache (every head and sequence of the batch;
+    ``axis`` must be "tensor"), as vLLM keeps its fp8 k_scale and v_scale; here the scale is
+    the cache's own absmax over 448, the best one scale can do.
+    """
+    if per_layer and axis != "tensor":
+        raise ValueError(f"one scale per layer is axis='tensor', got {axis!r}")
+
+    def rounded(x: torch.Tensor) -> torch.Tensor:
+        if not per_layer:
+            return _dequantized(x, fmt, axis)
+        B, h_kv, L, d = x.shape
+        flat = x.reshape(1, 1, B * h_kv * L, d)  # (B, h_kv, L, d) -> (1, 1, B h_kv L, d): one scale
+        return _dequantized(flat, fmt, "tensor").reshape(B, h_kv, L, d)
+
+    def core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sink_logits: torch.Tensor | None,
+             **_: object) -> torch.Tensor:
+        k, v = _expand(q, rounded(k), rounded(v))
+        L = q.shape[-2]
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        return attention_weights(scores, torch.ones(L, L, dtype=torch.bool).tril(), sink_logits) @ v  # (B, h, L, d)
+    return core
+
+
+def minmax_quantize(x: torch.Tensor, bits: int, dim: int | tuple[int, ...]) -> torch.Tensor:
+    r"""Asymmetric b-bit quantisation with a scale and a zero point per group (the elements along ``dim``
+    share one), returned dequantised:
+
+    .. math:: s = \frac{\max x - \min x}{2^b - 1}, \quad q = \mathrm{round}\Big(\frac{x - \min x}{s}\Big),
+              \quad \hat x = s\,q + \min x
+    """
+    lo, hi = x.amin(dim=dim, keepdim=True), x.amax(dim=dim, keepdim=True)
+    scale = (hi - lo) / (2 ** bits - 1)
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))  # a constant group is exact
+    return torch.round((x - lo) / scale).clamp(0, 2 ** bits - 1) * scale + lo
+
+
+def kivi_masks(L: int, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(L, L) booleans: which keys and which values query t reads quantised in KIVI's streaming cache.
+
+    Key j is quantised once its group of ``group`` tokens is complete: j < group * floor((t + 1) / group).
+    Value j is quantised once ``group`` newer tokens have arrived: j <= t - group.
+    """
+    t = torch.arange(L)[:, None]
+    j = torch.arange(L)[None, :]
+    return j < group * ((t + 1) // group), j <= t - group
+
+
+def kivi_core(bits: int, group: int) -> Core:
+    """Causal attention as KIVI's cache gives it: query t reads each key and value either quantised or, in the
+    residual, exact (``kivi_masks``). Keys: per channel over each group of ``group`` tokens; values: per
+    token over the head's channels; a scale and a zero point per group."""
+    def core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sink_logits: torch.Tensor | None,
+             **_: object) -> torch.Tensor:
+        B, h_kv, L, d = k.shape
+        whole = L // group * group
+        k_hat = k.clone()  # the tail of an incomplete group is never read quantised
+        # (B, h_kv, whole, d) -> (B, h_kv, whole / G, G, d): one scale per channel per group of G tokens
+        k_hat[..., :whole, :] = minmax_quantize(k[..., :whole, :].reshape(B, h_kv, whole // group, group, d),
+                                                bits, dim=-2).reshape(B, h_kv, whole, d)
+        v_hat = minmax_quantize(v, bits, dim=-1)  # one scale per token and head
+        k, k_hat, v, v_hat = _expand(q, k, k_hat, v, v_hat)
+        k_quant, v_quant = kivi_masks(L, group)
+        scale = 1 / math.sqrt(q.shape[-1])
+        scores = torch.where(k_quant, q @ k_hat.transpose(-2, -1), q @ k.transpose(-2, -1)) * scale
+        weights = attention_weights(scores, torch.ones(L, L, dtype=torch.bool).tril(), sink_logits)  # (B, h, L, L)
+        # each weight multiplies the value query t reads: quantised or from the residual
+        return (weights * v_quant) @ v_hat + (weights * ~v_quant) @ v  # (B, h, L, d)
+    return core
+
+
+def kivi_bytes_per_token(bits: int, group: int, num_kv_heads: int, head_dim: int) -> float:
+    """KIVI's bytes per token and layer, once past the residual: K and V codes of ``bits`` bits, a float16
+    scale and zero point per channel per ``group`` tokens for K, per token and head for V."""
+    codes = 2 * num_kv_heads * head_dim * bits / 8
+    return codes + 4 * num_kv_heads * head_dim / group + 4 * num_kv_heads
+
+
+def uniform_bytes_per_token(num_kv_heads: int, head_dim: int, per_token_scale: bool) -> float:
+    """int8/fp8 cache bytes per token and layer: one byte a number, a float16 scale per token and head
+    for K and V when ``per_token_scale`` (one per layer otherwise: nothing per token)."""
+    return 2 * num_kv_heads * head_dim + (2 * 2 * num_kv_heads if per_token_scale else 0)
+
