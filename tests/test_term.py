@@ -135,7 +135,7 @@ def test_scores_penalties_and_the_nbgrader_export_are_exact(term_course):
     lines = {line.split()[0]: line for line in summary.splitlines() if line.strip()}
     assert lines["late"].split()[1:4] == ["2.4", "3", "3"] and lines["extended"].split()[1:4] == ["2.7", "3", "3"]
     assert "late 26.0 h (-0.6)" in lines["late"] and "late 6.0 h (-0.3)" in lines["extended"]
-    assert lines["half"].split()[-1] == "double_int" and "[renamed notebook]" in lines["renamed"]
+    assert lines["half"].split()[-1] == "double_int" and "[note: graded " in lines["renamed"]
     assert "NOT GRADED: missing notebook demo.ipynb (found: a" in lines["twofiles"]  # cut to fit; whole in the CSV
     assert "every cell and message is in grades_demo.csv" in summary
     assert "9 submissions: 8 graded, 1 not graded, 2 late" in summary and lines["raises"].split()[-1] == "all"

@@ -19,7 +19,7 @@ from typing import Any
 import nbformat
 from tqdm import tqdm
 
-from mha_lab.grading import abilities, judge, transport
+from mha_lab.grading import abilities, judge, text, transport
 from mha_lab.grading import course as courses
 from mha_lab.grading.remote import RemoteSubmission
 from mha_lab.grading.sandbox import NOT_MEASURED, Limits, private_copy
@@ -29,6 +29,7 @@ __all__ = ["CellResult", "StudentResult", "grade_submission", "grade_packed", "r
 
 DEFAULT_LIMITS = Limits()
 GRACE_SECONDS = 30.0  # past a submission's deadline before its grading process is stopped from outside
+IN_FLIGHT = 2  # packed submissions per worker held at once: one graded, one waiting
 
 
 @dataclass
@@ -113,6 +114,22 @@ def grade_submission(folder: Path, releases: dict[str, dict], hidden: Path, limi
         result.memory = sandboxed.memory
         result.notebooks[name] = nb
     result.score = sum(c.score for c in result.cells)
+    return _writable(result)
+
+
+def _writable(result: StudentResult) -> StudentResult:
+    """``result`` with every string in it made writable (``text.writable``: the notebooks' sources, outputs and
+    metadata, the messages), where the student's text enters everything the grader writes; a note says so to the
+    student when some had to change."""
+    changed = False
+    for nb in result.notebooks.values():
+        changed |= text.writable_tree(nb)[1]
+    for cell in result.cells:
+        changed |= (message := text.writable(cell.message)) is not cell.message
+        cell.message = message
+    error, note = text.writable(result.error), text.writable(result.note)
+    changed |= error is not result.error or note is not result.note
+    result.error, result.note = error, "; ".join(filter(None, [note, text.NOTE if changed else ""]))
     return result
 
 
@@ -124,10 +141,12 @@ def grade_packed(packed: transport.Packed, assignment: transport.Assignment, lim
         return StudentResult(student, error=packed.error)
     try:
         with transport.unpacked(packed, assignment.name) as folder, transport.hidden_checks(assignment) as hidden:
-            return grade_submission(folder, assignment.releases, hidden, limits, student=student,
-                                    queued_at=queued_at, release_files=assignment.release_files)
+            result = grade_submission(folder, assignment.releases, hidden, limits, student=student,
+                                      queued_at=queued_at, release_files=assignment.release_files)
     except ValueError as exc:
-        return StudentResult(student, error=str(exc))
+        return StudentResult(student, error=text.writable(str(exc)))
+    result.note = "; ".join(filter(None, [packed.note, result.note]))
+    return result
 
 
 def _on_worker(assignment: transport.Assignment) -> Any:
@@ -202,19 +221,25 @@ def record(course: Path, assignment: str, results: Iterable[StudentResult], grad
 
 
 def _record(course: Path, assignment: str, r: StudentResult, gb: Any) -> None:
-    """One result: its scores into the open gradebook ``gb``, its notebooks into ``autograded/``."""
-    gb.update_or_create_student(r.student)
-    gb.update_or_create_submission(assignment, r.student)
-    for c in r.cells:
-        grade = gb.find_grade(c.grade_id, c.notebook, assignment, r.student)
-        grade.auto_score = c.score  # as nbgrader's SaveAutoGrades; memory not measured: the instructor's
-        grade.needs_manual_grade = NOT_MEASURED in c.message
-    gb.db.commit()
+    """One result: its notebooks into ``autograded/``, then its scores into the open gradebook ``gb``; when either
+    fails, neither is left behind (the exception goes on)."""
     folder = Path(course) / "autograded" / r.student / assignment
     shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True)
-    for name, nb in r.notebooks.items():
-        nbformat.write(nbformat.from_dict(nb), folder / name)
+    try:
+        folder.mkdir(parents=True)
+        for name, nb in r.notebooks.items():
+            nbformat.write(nbformat.from_dict(nb), folder / name)
+        gb.update_or_create_student(r.student)
+        gb.update_or_create_submission(assignment, r.student)
+        for c in r.cells:
+            grade = gb.find_grade(c.grade_id, c.notebook, assignment, r.student)
+            grade.auto_score = c.score  # as nbgrader's SaveAutoGrades; memory not measured: the instructor's
+            grade.needs_manual_grade = NOT_MEASURED in c.message
+        gb.db.commit()
+    except BaseException:
+        gb.db.rollback()
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
 
 
 @contextmanager
@@ -243,13 +268,15 @@ def grade_class(course: Path, assignment: str, *, students: Iterable[str] | None
                 before_feedback: Callable[[list[str]], Any] | None = None) -> list[StudentResult]:
     """Grade every submission of ``assignment`` (or only ``students``), record grades and feedback.
 
-    Runs on ``client``, else on ``dask_client(jobs, scheduler)``. Each submission is recorded as soon as it is
-    graded; one still grading ``grace`` seconds (default ``GRACE_SECONDS``) past its deadline is stopped and
-    recorded as not graded, with why, as is a student id that cannot be one. Tasks go to workers that can make a
-    sandbox, and to workers that measure memory when the checks do (``abilities.place``:
-    ``abilities.CannotGradeError`` before any grading when there are none, or none measures and
-    ``require_memory``). ``before_feedback`` is called with the recorded students between the gradebook and the
-    feedback (the term's late penalties go into both).
+    Runs on ``client``, else on ``dask_client(jobs, scheduler)``. Each student is one boundary: whatever fails in
+    packing, grading, recording or the feedback of one student is recorded for that student alone ("not graded:
+    <reason>", or graded with what could not be written), and the class goes on. Students stream through: at most
+    ``IN_FLIGHT`` packed submissions per worker at a time, so the client's memory does not grow with the class.
+    One still grading ``grace`` seconds (default ``GRACE_SECONDS``) past its deadline is stopped and recorded as
+    not graded, with why, as is a student id that cannot be one. Tasks go to workers that can make a sandbox, and
+    to workers that measure memory when the checks do (``abilities.place``: ``abilities.CannotGradeError`` before
+    any grading when there are none, or none measures and ``require_memory``). ``before_feedback`` is called
+    with the recorded students between the gradebook and the feedback (the term's late penalties go into both).
     """
     course = Path(course).resolve()
     grace = GRACE_SECONDS if grace is None else grace
@@ -264,22 +291,35 @@ def grade_class(course: Path, assignment: str, *, students: Iterable[str] | None
                                    require_memory=require_memory)
         plugin = _on_worker(work)  # the release and hidden checks go to each worker once, not with each task
         client.register_plugin(plugin)
-        futures = {client.submit(_grade_held, transport.pack(course / "submitted" / s / assignment, limits.scratch),
-                                 plugin.name, limits, student=s, queued_at=time.time(), pure=False, retries=1,
-                                 resources=needs or None): s
-                   for s in names if s not in results}
+
+        def start(s: str) -> Any:
+            packed = transport.pack(courses.submission(course, s, assignment), limits.scratch)
+            return client.submit(_grade_held, packed, plugin.name, limits, student=s, queued_at=time.time(),
+                                 pure=False, retries=1, resources=needs or None)
+
+        window = IN_FLIGHT * max(len(client.scheduler_info().get("workers", {})), 1)
+        todo = iter([s for s in names if s not in results])
         with tqdm(total=len(names), initial=len(results), desc=f"grade {assignment}", unit="submission",
                   disable=not progress) as bar, courses.gradebook(course) as gb:
-            for s, result in _as_graded(client, futures, limits.seconds + grace):
+            for s, result in _as_graded(client, todo, start, window, limits.seconds + grace):
                 results[s] = result
-                recorded += record(course, assignment, [result], gb)
+                try:
+                    recorded += record(course, assignment, [result], gb)
+                except Exception as exc:  # noqa: BLE001 - this student's alone: the class goes on
+                    result.error = f"graded, but not recorded ({_reason(exc)}); {result.error}".removesuffix("; ")
                 bar.update(1)
     if before_feedback is not None:
         before_feedback(recorded)
-    problem = courses.feedback(course, assignment, [s for s in names if results[s].notebooks])
-    for s in names:
-        results[s].error = results[s].error or problem
+    problem = courses.feedback(course, assignment, recorded)
+    for s in recorded:
+        if not any((course / "feedback" / s / assignment).glob("*.html")):
+            results[s].error = results[s].error or f"graded, but no feedback page was written: {problem or '?'}"
     return [results[s] for s in names]
+
+
+def _reason(exc: BaseException) -> str:
+    """An exception as one short line of the grade sheet."""
+    return text.writable(f"{type(exc).__name__}: {exc}")[:300]
 
 
 def _executing(dask_worker: Any) -> list[str]:
@@ -287,19 +327,29 @@ def _executing(dask_worker: Any) -> list[str]:
     return [ts.key for ts in dask_worker.state.executing]
 
 
-def _as_graded(client: Any, futures: dict[Any, str], allowed: float) -> Iterator[tuple[str, StudentResult]]:
-    """(student, result) of each future as it ends. One that has run ``allowed`` seconds (its sandbox's deadline
-    passed long ago: the grader's own work is what is stuck) is cancelled and its Dask worker restarted. The
-    clock starts when a worker starts the task, not when the task is queued there."""
-    pending, started, polled = dict(futures), {}, 0.0
-    while pending:
+def _as_graded(client: Any, todo: Iterator[str], start: Callable[[str], Any], window: int,
+               allowed: float) -> Iterator[tuple[str, StudentResult]]:
+    """(student, result) of each student of ``todo`` as it ends. ``start(s)`` packs and submits one; at most
+    ``window`` are packed and in flight at once, and one whose packing fails is not graded, with why. One that
+    has run ``allowed`` seconds (its sandbox's deadline passed long ago: the grader's own work is what is stuck)
+    is cancelled and its Dask worker restarted. The clock starts when a worker starts the task, not when the task
+    is queued there."""
+    pending, started, polled = {}, {}, 0.0
+    while True:
+        while len(pending) < window and (s := next(todo, None)) is not None:
+            try:
+                pending[start(s)] = s
+            except Exception as exc:  # noqa: BLE001 - a folder that cannot be packed stops no one else
+                yield s, StudentResult(s, error=f"not graded: its folder could not be packed ({_reason(exc)})")
+        if not pending:
+            return
         done = [f for f in pending if f.done()]
         for future in done:
             s = pending.pop(future)
             try:
                 result = future.result()
             except Exception as exc:  # noqa: BLE001 - its Dask worker died twice (KilledWorker), or it raised twice
-                result = StudentResult(s, error=f"grading failed twice: {type(exc).__name__}: {exc}")
+                result = StudentResult(s, error=f"grading failed twice: {_reason(exc)}")
             future.release()  # its result is here now: a worker restarted later must not compute it again
             yield s, result
         now = time.monotonic()

@@ -21,8 +21,9 @@ from typing import Any
 import nbformat
 
 from mha_lab.grading import safe_html
+from mha_lab.grading.text import writable_name
 
-__all__ = ["COURSE_ID", "stamp_in_process", "nbgrader", "convert", "gradebook", "students", "id_problem",
+__all__ = ["COURSE_ID", "stamp_in_process", "nbgrader", "convert", "gradebook", "students", "submission", "id_problem",
            "assignments", "register", "release_files", "locate", "submitted_notebook", "merge", "FEEDBACK_EXPORTER",
            "feedback_exporter", "feedback"]
 
@@ -99,8 +100,20 @@ def gradebook(course: Path) -> Iterator[Any]:
 
 
 def students(course: Path, assignment: str | None = None) -> list[str]:
-    """Students with a folder ``submitted/<student>/<assignment>/`` (any assignment when None)."""
-    return sorted({p.parent.name for p in (Path(course) / "submitted").glob(f"*/{assignment or '*'}") if p.is_dir()})
+    """Students with a folder ``submitted/<student>/<assignment>/`` (any assignment when None). A student's id is
+    the folder's name as ``text.writable_name`` shows it: a byte that is not UTF-8 appears as ``\\xNN``."""
+    return sorted({writable_name(p.parent.name) for p in (Path(course) / "submitted").glob(f"*/{assignment or '*'}")
+                   if p.is_dir()})
+
+
+def submission(course: Path, student: str, assignment: str) -> Path:
+    """The folder ``submitted/<student>/<assignment>/`` of the id ``student``, found by its shown name when that
+    folder's name is not UTF-8 (``students``)."""
+    submitted = Path(course) / "submitted"
+    if os.path.lexists(submitted / student):
+        return submitted / student / assignment
+    found = next((p for p in submitted.iterdir() if writable_name(p.name) == student), submitted / student)
+    return found / assignment
 
 
 def id_problem(student: str) -> str:
@@ -164,7 +177,7 @@ def locate(folder: Path, name: str, alone: bool) -> tuple[str, str]:
     if name in found or (Path(folder) / name).is_symlink():
         return name, ""
     if alone and len(found) == 1:
-        return found[0], f"graded {found[0]} as {name}: hand in the notebook under its own name"
+        return found[0], f"graded {writable_name(found[0])} as {name}: hand in the notebook under its own name"
     return name, ""  # submitted_notebook says it is missing, and names the files found
 
 

@@ -47,7 +47,7 @@ def _lost(r: StudentResult) -> str:
     lost = [c.grade_id for c in r.cells if c.score < c.max_score]
     text = "all" if lost and len(lost) == len(r.cells) else " ".join(lost)
     extra = [f"[{_short(r.error)}]"] if r.error else []
-    return " ".join([text, *extra, *(["[renamed notebook]"] if r.note else [])]).strip()
+    return " ".join([text, *extra, *([f"[note: {_short(r.note)}]"] if r.note else [])]).strip()
 
 
 def _shown(student: str) -> str:

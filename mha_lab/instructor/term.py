@@ -244,7 +244,7 @@ def apply(course: Path, assignment: str, students: Iterable[str]) -> dict[str, L
                 continue
             if submission.student.first_name is None and submission.student.last_name is None:
                 submission.student.last_name, submission.student.first_name = student, ""
-            folder = course / "submitted" / student / assignment
+            folder = courses.submission(course, student, assignment)
             try:
                 submission.timestamp, problem = read_timestamp(folder), ""
             except ValueError as exc:  # never on time by default: when it arrived stands in; the summary says so
