@@ -216,3 +216,89 @@ def test_the_home_pages_map_names_each_chapter_by_its_number_and_title():
             "Intuition", "Math and worked example", "Reshape trick and memory layout", "Backward pass",
             "Graded assignments"}, (n, labels[str(n)], title)
     assert labels["8"] == "GQA, MQA, MLA and the KV cache" and labels["4"] == "Masking and cross-attention"
+
+
+def test_the_home_page_names_every_chapter_that_runs_without_pytorch():
+    """The decoding chapter needs only NumPy too: its code cells never name torch, and every mha_lab module the
+    named chapters import loads with torch unavailable."""
+    import subprocess
+    import sys
+
+    sentence = re.search(r"reference need only NumPy, and the (.*?) chapters run without PyTorch", prose("home"))
+    named = re.findall(r"<(ch-[\w-]+)>", sentence.group(1))
+    assert "ch-decoding" in named and len(named) == 4
+    modules = set()
+    for label in named:
+        code = "\n".join(re.findall(r"```\{code-cell\}.*?```", page(label), flags=re.S))
+        assert not re.search(r"\btorch\b", code), label
+        modules |= set(re.findall(r"^\s*(?:from|import) (mha_lab[\w.]*)", code, flags=re.M))
+    script = ("import importlib, sys\nsys.modules['torch'] = None\n"
+              + "".join(f"importlib.import_module({m!r})\n" for m in sorted(modules)))
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+
+
+def test_yarn_names_the_papers_ramp_and_the_reference_codes_and_uses_the_codes():
+    src, text = page("ch-decoding"), prose("ch-decoding")
+    assert "a linear ramp blends the two between; it also" not in text
+    assert "The paper's is linear in the number of turns $r_i$" in text
+    assert "is linear in the pair index $i$ instead" in text and "(`yarn_ramp_bounds`" in text
+    assert "{glue:text}`rope-ramp-turns`" in text and "{glue:text}`rope-ramp-index`" in text
+    assert 'yarn_frequencies(D_HEAD, S, TRAIN, ramp="index")' in src
+    assert 'yarn_frequencies(D_HEAD, S, TRAIN, ramp="turns")' in src
+
+
+def test_kivi_is_counted_as_the_paper_runs_it_and_its_answer_matched_exactly():
+    """A per-channel scale over the whole cache is no longer labelled KIVI; KIVI's rows count grouped keys, zero
+    points and the float16 residual; the self-check's answer (24,576 bytes: codes 16,384, key groups 4,096, value
+    groups 4,096) is matched exactly, so the answer without the key groups (4,096 short) fails."""
+    from mha_lab.cpu.quantized import LAYOUTS, quantize_groups
+
+    src, text = page("ch-decoding"), prose("ch-decoding")
+    assert not any("KIVI" in name for name in LAYOUTS)
+    assert "over a long cache those scales cost almost nothing" not in text
+    assert "cannot be known while tokens still arrive" in text and "`kivi_quantize`" in text
+    assert "kivi_attention_error(" in src and "{glue:text}`q-kivi-k-pairs`" in text
+    check = re.search(r":::\{self-check\}[^\n]*KIVI.*?\n:::", src, flags=re.S).group(0)
+    assert ":number: sc-dec-kivi-bytes" in check and re.search(r"^:tolerance: 0$", check, flags=re.M)
+    assert "24,576 bytes in all" in check
+    ones = __import__("numpy").ones((1, 8, 4096, 128))
+    layer = quantize_groups(ones, 2, "channel", 32).nbytes + quantize_groups(ones, 2, "token", 32).nbytes
+    assert 32 * layer / 4096 == 24_576
+
+
+def test_prefix_sharing_is_hashed_full_blocks_beside_fork_and_copy_on_write():
+    text = prose("ch-decoding")
+    assert "or a long system prompt shared by many requests, would store" not in text
+    assert "have no parent to fork from" in text
+    assert "a hash of its parent block's hash and its own tokens" in text
+    assert "prefix caching needs no copy-on-write" in text and "(**copy-on-write**)" in text
+
+
+def test_the_decoding_chapter_says_what_the_papers_and_servers_do():
+    """PI and YaRN are fine-tuned after the change; GPT-NeoX's partial rotary takes theta^(-2i/d_rot); the fp8
+    row's scale is one per sequence and head here and one per layer in vLLM; the split-K self-check asks why,
+    not for FlashAttention-2's constants."""
+    text = prose("ch-decoding")
+    assert "followed in their papers by a short fine-tune at the longer length" in text
+    assert "$\\theta_\\text{base}^{-2i/d_\\text{rot}}$" in text and "`rope_frequencies(d_rot)`" in text
+    assert "one `k_scale` and one `v_scale` for each attention layer" in text
+    assert "fp8 e4m3, K per tensor" not in page("ch-decoding")
+    assert "how many programs does one split-K decoding step launch" not in text
+    assert "Why does splitting the keys into chunks speed up a step for a batch of 1 but not for a batch of 8?" in text
+
+
+def test_the_decoding_chapter_uses_the_notation_pages_symbols():
+    """omega_i = theta_base^(-2i/d_k), no bare d; the chunk maxima are s_max,c, not m_c and M (a query's position
+    and the mask); kappa stretches, Delta scales (s is bytes per element in the GQA chapter); L_train, not L; YaRN's
+    bounds are beta_fast and beta_slow, not alpha (ALiBi's slope)."""
+    text, notation = prose("ch-decoding"), page("notation")
+    for old in ("$f_i = \\theta^{-2i/d}$", "$m_c$", "$M = \\max_c m_c$", "$\\alpha$ = 1", "$s = \\max|x|",
+                "context $s$ times longer", "trained on $L$"):
+        assert old not in text, old
+    for new in ("$\\omega_i = \\theta_\\text{base}^{-2i/d_k}$", "$s_\\text{max} = \\max_c s_{\\text{max},c}$",
+                "$\\kappa$", "$L_\\text{train}$", "$\\beta_\\text{slow}$ = 1", "$\\Delta = \\max|x| / q_{\\max}$"):
+        assert new in text, new
+    for row in ("| $\\theta_\\text{base}$ | `base` |", "| $\\kappa$ | `factor` |", "| $L_\\text{train}$ |",
+                "| $\\beta_\\text{fast}$, $\\beta_\\text{slow}$ |", "| $\\Delta$, $z$ | `scale`, `zero` |"):
+        assert row in notation, row

@@ -38,7 +38,7 @@ def plot_kept_keys(masks: Mapping[str, np.ndarray]) -> Figure:
 
 
 def plot_rope_scaling(freqs: Mapping[str, np.ndarray], train_len: int, max_distance: int) -> Figure:
-    """Left: each pair's wavelength 2π/f (positions) per method, with the training length.
+    """Left: each pair's wavelength 2π/ω_i (positions) per method, with the training length.
     Right: the mean score of q = k = (1, ..., 1) against the distance, out to ``max_distance``."""
     fig, (left, right) = new_figure(3.4, 1, 2)
     distances = np.linspace(0, max_distance, 2000)
@@ -47,8 +47,8 @@ def plot_rope_scaling(freqs: Mapping[str, np.ndarray], train_len: int, max_dista
         right.plot(distances, mean_rotary_score(f, distances))
     left.axhline(train_len, color="black", linestyle=":", label="training length")
     right.axvline(train_len, color="black", linestyle=":")
-    left.set(xlabel="pair i", ylabel="wavelength 2π/f_i (positions)", title="Frequencies")
-    right.set(xlabel="distance (positions)", ylabel="mean cos(f_i Δ)", title="Scores of q = k = 1")
+    left.set(xlabel="pair i", ylabel="wavelength 2π/ω_i (positions)", title="Frequencies")
+    right.set(xlabel="distance n − m (positions)", ylabel="mean cos(ω_i (n − m))", title="Scores of q = k = 1")
     for ax in (left, right):
         ax.grid(True, alpha=0.3)
     legend_outside(left, "below", ncols=3)
