@@ -428,7 +428,7 @@ def test_a_reply_cut_short_is_tried_again_then_named(platform, tmp_path, monkeyp
     assert platform.store.log.count("GET /memberships") == 2
 
 
-def test_next_links_on_the_platform_are_followed_and_gzip_is_read(platform, tmp_path):
+def test_next_links_on_the_platform_are_followed_and_gzip_is_read(platform, tmp_path, monkeypatch):
     members = _members()
     first = json.dumps({"members": members[:3]}).encode()
     platform.store.raw["/memberships"] = (200, {"Link": '</memberships?page=2>; rel="next"'}, first)  # relative
@@ -436,6 +436,9 @@ def test_next_links_on_the_platform_are_followed_and_gzip_is_read(platform, tmp_
     platform.store.raw["/memberships?page=2"] = (200, {"Content-Encoding": "gzip"}, second)
     client = lti.Client(lti.load(_config(tmp_path, platform)))
     assert [m["user_id"] for m in client.members()] == [m["user_id"] for m in members]
+    monkeypatch.setattr(lti, "MAX_VALUES", lti._values(first) + 10)  # each page fits, the two together do not
+    with pytest.raises(lti.LtiError, match="pages of .*/memberships hold more than .* JSON values together"):
+        client.members()
 
 
 @functools.cache
@@ -444,37 +447,47 @@ def _bomb() -> bytes:
     return gzip.compress(bytes(16 << 20)) * 64
 
 
-BOMB_CLIENT = """
-import json, resource, sys
+HOSTILE_CLIENT = """
+import dataclasses, json, sys
 from mha_lab.instructor import lti
 
-def rss_kib(field):
-    return int(next(line for line in open("/proc/self/status") if line.startswith(field)).split()[1])
+def mib(field):
+    return int(next(line for line in open("/proc/self/status") if line.startswith(field)).split()[1]) / 1024
 
-client = lti.Client(lti.load(sys.argv[1]), log=lambda line: None)
-client.token()
-before = rss_kib("VmRSS:")
-try:
-    client.members()
-    error = ""
-except lti.LtiError as exc:
-    error = str(exc)
-print(json.dumps({"growth": (rss_kib("VmHWM:") - before) << 10, "error": error}))
+reg = lti.load(sys.argv[1])
+seen = {}
+for case in sys.argv[2:]:
+    client = lti.Client(dataclasses.replace(reg, memberships_url=f"{reg.memberships_url}?{case}"), log=print)
+    client.token()
+    open("/proc/self/clear_refs", "w").write("5")  # the peak (VmHWM) starts again from here
+    before = mib("VmRSS:")
+    try:
+        client.members()
+        error = ""
+    except lti.LtiError as exc:
+        error = str(exc)
+    seen[case] = {"growth_mib": mib("VmHWM:") - before, "error": error}
+print(json.dumps(seen))
 """
 
 
-def test_a_gzip_bomb_is_refused_within_bounded_memory(platform, tmp_path):
+def test_replies_too_big_once_inflated_or_parsed_are_refused_within_bounded_memory(platform, tmp_path):
     """The client's peak RSS may grow by 1.5 times the reply limit (16 MiB) plus 8 MiB while it refuses a 1 MB
-    reply that inflates to 1 GiB; read whole before being measured, it grew by about 2 GiB."""
+    gzip reply that inflates to 1 GiB (read whole, it grew by about 2 GiB), or a 16 MiB reply of 5.6 million
+    empty objects (parsed, it grew by 428 MiB)."""
     bomb = _bomb()
     assert len(bomb) < 1.1e6
-    platform.store.raw["/memberships"] = (200, {"Content-Type": MEMBERS, "Content-Encoding": "gzip"}, bomb)
-    run = subprocess.run([sys.executable, "-c", BOMB_CLIENT, str(_config(tmp_path, platform))], capture_output=True,
-                         text=True, timeout=60)
+    platform.store.raw["/memberships?bomb"] = (200, {"Content-Type": MEMBERS, "Content-Encoding": "gzip"}, bomb)
+    flood = b'{"members": [' + b"{}," * ((lti.MAX_BODY - 20) // 3) + b"{}]}"
+    platform.store.raw["/memberships?flood"] = (200, {"Content-Type": MEMBERS}, flood)
+    run = subprocess.run([sys.executable, "-c", HOSTILE_CLIENT, str(_config(tmp_path, platform)), "bomb", "flood"],
+                         capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
     seen = json.loads(run.stdout)
-    assert "inflates past 16777216 bytes" in seen["error"]
-    assert seen["growth"] < 1.5 * lti.MAX_BODY + (8 << 20), seen
+    assert "inflates past 16777216 bytes" in seen["bomb"]["error"]
+    assert "more than 1048576 JSON values" in seen["flood"]["error"]
+    for case in seen.values():
+        assert case["growth_mib"] < 1.5 * 16 + 8, seen
 
 
 @pytest.mark.parametrize("url, fine", [("https://lms.example.edu", True), ("http://localhost:8080", True),

@@ -21,8 +21,9 @@ request, and says the same steps in the same order, matched against a roster fil
 
 Nothing the platform sends is trusted. Every reply is read in chunks of ``CHUNK`` bytes and refused once it
 passes ``MAX_BODY`` bytes, counted after decompression (a gzip reply is inflated a chunk at a time, never
-whole), or once reading it takes longer than ``timeout``; every page of one listing together may hold
-``MAX_LISTING`` bytes. The access token goes only to the platform's origin: the scheme, host and port of the
+whole), or once reading it takes longer than ``timeout``; it is parsed only if it holds at most
+``MAX_VALUES`` JSON values, and the pages of one listing together may hold ``MAX_LISTING`` bytes and
+``MAX_VALUES`` values. The access token goes only to the platform's origin: the scheme, host and port of the
 configured service endpoints (``lineitems_url``, ``memberships_url``). A paging link (``Link: rel="next"``),
 a line item's URL or a redirect that names another origin is refused, with an error naming it, before
 anything is sent there. Every endpoint must be ``https`` unless its host is a loopback address (127.0.0.0/8,
@@ -89,6 +90,7 @@ RESULTS = "application/vnd.ims.lis.v2.resultcontainer+json"
 MEMBERS = "application/vnd.ims.lti-nrps.v2.membershipcontainer+json"
 MAX_BODY = 16 << 20  # bytes of one reply from the platform, after decompression
 MAX_LISTING = 4 * MAX_BODY  # bytes of every page of one listing (the roster) together; also a roster file's
+MAX_VALUES = 1 << 20  # JSON values and keys of one reply, and of every page of a listing together
 CHUNK = 64 << 10  # bytes read from the connection at a time
 MAX_PAGES = 1000
 REQUIRED = ("client_id", "deployment_id", "token_url", "private_key", "key_id", "lineitems_url", "memberships_url")
@@ -218,6 +220,24 @@ def _read_body(raw: Any, encoding: str, limit: int, deadline: float, what: str) 
     return body
 
 
+def _values(body: bytes | bytearray | str) -> int:
+    """An upper bound of the values and keys that parsing the JSON ``body`` makes: each but the first opens a
+    container or follows a comma or a colon (those inside strings count too)."""
+    return 1 + sum(body.count(c) for c in ((b"[", b"{", b",", b":") if isinstance(body, bytes | bytearray)
+                                           else ("[", "{", ",", ":")))
+
+
+def _parse(body: bytes | bytearray | str, what: str) -> Any:
+    """``body`` as JSON, refused before parsing when it would make more than ``MAX_VALUES`` objects (a reply
+    at the byte limit made of ``{},`` would take 27 times its size in memory); LtiError naming ``what``."""
+    if _values(body) > MAX_VALUES:
+        raise LtiError(f"{what}: more than {MAX_VALUES} JSON values, refused")
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError) as exc:
+        raise LtiError(f"{what}: not JSON ({exc.__class__.__name__})") from None
+
+
 @dataclass(frozen=True)
 class Reply:
     """One reply of the platform, its body read within the limits."""
@@ -230,11 +250,8 @@ class Reply:
     body: bytearray
 
     def json(self) -> Any:
-        """The body as JSON; LtiError naming the URL when it is not JSON."""
-        try:
-            return json.loads(self.body)
-        except (ValueError, RecursionError) as exc:
-            raise LtiError(f"{shown(self.url)}: the reply is not JSON ({exc.__class__.__name__})") from None
+        """The body as JSON (``_parse``)."""
+        return _parse(self.body, f"the reply of {shown(self.url)}")
 
 
 def _items(body: Any, key: str) -> list:
@@ -347,14 +364,15 @@ class Client:
 
     def _pages(self, url: str, accept: str, key: str, params: dict | None = None) -> Iterator[Any]:
         """The items of a paged listing, following each page's next link on the platform's origin only; every
-        page together within ``MAX_LISTING`` bytes."""
-        first, spent = url, 0
+        page together within ``MAX_LISTING`` bytes and ``MAX_VALUES`` JSON values."""
+        first, spent, values = url, 0, 0
         for _ in range(MAX_PAGES):
             reply = self._send("GET", url, accept=accept, params=params, what=f"the next link of {first}")
-            spent += len(reply.body)
-            if spent > MAX_LISTING:
-                raise LtiError(f"the pages of {first} hold more than {MAX_LISTING} bytes together, refused")
             body = reply.json()
+            spent, values = spent + len(reply.body), values + _values(reply.body)
+            if spent > MAX_LISTING or values > MAX_VALUES:
+                raise LtiError(f"the pages of {first} hold more than {MAX_LISTING} bytes or {MAX_VALUES} JSON values "
+                               "together, refused")
             yield from _items(body, key)
             following = reply.links.get("next", {}).get("url") or (body.get("next") if isinstance(body, dict) else None)
             if not following:
@@ -445,8 +463,8 @@ def read_roster(path: Path, match: str = "lis_person_sourcedid") -> list[dict]:
                 raise ValueError(f"no column {', '.join(missing)} in its header")
             return [{**row, "roles": (row.get("roles") or "Learner").split(), "status": row.get("status") or "Active"}
                     for row in rows]
-        return _items(json.loads(text), "members")
-    except (ValueError, RecursionError, LtiError, csv.Error) as exc:
+        return _items(_parse(text, "its JSON"), "members")
+    except (ValueError, LtiError, csv.Error) as exc:
         raise ValueError(f"roster {path}: {shown(exc, 200)}") from None
 
 
