@@ -77,7 +77,7 @@ def relation(value: float, reference: float, margin: float) -> int:
     r"""+1 if ``value`` is above ``reference`` by more than the relative ``margin``, -1 if below, 0 if within.
 
     Within means :math:`1/(1 + \text{margin}) \le \text{value}/\text{reference} \le 1 + \text{margin}`: a margin
-    is a factor either way, as ``timing_margin`` derives it, so that a margin above 100% still leaves room below.
+    is a factor either way, as ``paired_margin`` derives it, so a margin above 100% still leaves room below.
     """
     if margin < 0:
         raise ValueError(f"margin must be non-negative, got {margin}")
