@@ -243,8 +243,10 @@ def _record(course: Path, assignment: str, r: StudentResult, gb: Any) -> None:
 
 
 @contextmanager
-def dask_client(jobs: int = 2, scheduler: str | None = None) -> Iterator[Any]:
-    """A Dask client: of the scheduler at ``scheduler``, else of a LocalCluster of ``jobs`` processes."""
+def dask_client(jobs: int = 2, scheduler: str | None = None, *, dashboard: bool = False) -> Iterator[Any]:
+    """A Dask client: of the scheduler at ``scheduler``, else of a LocalCluster of ``jobs`` processes, with Dask's
+    dashboard on :8787 (or the next free port) only when ``dashboard``: otherwise its scheduler serves no page, on a
+    free port of 127.0.0.1 (Dask's default would take :8787 and warn when it is taken)."""
     import dask
     from distributed import Client
 
@@ -255,10 +257,12 @@ def dask_client(jobs: int = 2, scheduler: str | None = None) -> Iterator[Any]:
     # keeps the environment it started with: each worker is given this process's environment as it is now.
     with dask.config.set({"distributed.scheduler.allowed-failures": 1, "distributed.scheduler.worker-saturation": 1.0,
                           "distributed.worker.daemon": False,
-                          "distributed.worker.multiprocessing-method": "forkserver"}):
+                          "distributed.worker.multiprocessing-method": "forkserver",
+                          **({} if dashboard else {"distributed.scheduler.http.routes": []})}):
+        quiet = {"dashboard_address": ":8787"} if dashboard else {
+            "dashboard_address": None, "scheduler_kwargs": {"dashboard_address": "127.0.0.1:0"}}
         with Client(scheduler) if scheduler else Client(n_workers=jobs, threads_per_worker=1, processes=True,
-                                                        dashboard_address=None, silence_logs=50,
-                                                        env=dict(os.environ)) as client:
+                                                        silence_logs=50, env=dict(os.environ), **quiet) as client:
             yield client
 
 

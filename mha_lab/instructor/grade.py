@@ -28,6 +28,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2, help="submissions graded at once (local Dask workers)")
     parser.add_argument("--student", action="append", help="grade only this student (repeatable)")
     parser.add_argument("--scheduler", help="address of a running Dask scheduler, e.g. tcp://host:8786")
+    parser.add_argument("--dashboard", action="store_true", help="serve Dask's dashboard while grading (:8787, or "
+                        "the next free port; its address is printed); none by default")
     parser.add_argument("--timeout", type=float, default=sandbox.Limits.seconds, help="seconds per submission")
     parser.add_argument("--memory", type=int, default=sandbox.Limits.memory, help="bytes of memory per submission")
     parser.add_argument("--memory-cgroup", type=Path, help="a cgroup v2 directory handed over to the grader for "
@@ -65,7 +67,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                        "root on cgroup v1, or pass --memory-cgroup DIR on cgroup v2 (README)\n")
     if measuring and not args.scheduler:
         print(f"memory: {mode}", flush=True)
-    with batch.dask_client(args.jobs, args.scheduler) as client:
+    with batch.dask_client(args.jobs, args.scheduler, dashboard=args.dashboard) as client:
+        if args.dashboard:
+            print(f"Dask's dashboard: {client.dashboard_link}", flush=True)
         for a in todo:
             late: dict[str, term.Late] = {}  # filled between the gradebook and the feedback
             try:
