@@ -37,6 +37,7 @@ PAGES = {
     "08_gqa_mqa": "ch-gqa",
     "09_memory_efficient": "ch-memory",
     "10_decoding": "ch-decoding",
+    "10_serving": "ch-serving",
     "11_tensor_parallel": "ch-tp",
     "12_pitfalls": "ch-pitfalls",
     "13_grading": "ch-grading",
@@ -50,6 +51,8 @@ BIB_KEYS = {
     "deepseek2024v2", "nvidia2022h100", "nvidia2024cuda", "jiang2023mistral",
     "kwon2023paged", "dao2023flashdecoding", "xiao2023streaming", "openai2025gptoss", "liu2024kivi",
     "hooper2024kvquant", "chen2023position", "peng2023yarn", "grattafiori2024llama3",
+    "yu2022orca", "agrawal2023sarathi", "zheng2024sglang", "ye2025flashinfer", "leviathan2023fast",
+    "chen2023accelerating",
 }
 
 

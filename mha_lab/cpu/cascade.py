@@ -31,9 +31,21 @@ def group_queries(q: np.ndarray, num_kv_heads: int) -> np.ndarray:
     return q.reshape(N, num_kv_heads, h // num_kv_heads, d).transpose(1, 0, 2, 3).reshape(num_kv_heads, -1, d)
 
 
+def _level_state(queries: np.ndarray, K: np.ndarray, V: np.ndarray) -> list[np.ndarray]:
+    """One level's softmax state: queries (h_kv, r, d) -> m, l (h_kv, r, 1), acc (h_kv, r, d)."""
+    return [x[0] for x in split_k_partials(queries, K, V, num_splits=1)]
+
+
+def _ungroup(x: np.ndarray, N: int, h: int) -> np.ndarray:
+    """``group_queries`` undone for a state: (h_kv, N·g, ·) -> (N, h, 1, ·)."""
+    h_kv = x.shape[0]
+    # (h_kv, N·g, ·) -> (h_kv, N, g, ·) -> (N, h_kv, g, ·) -> (N, h, 1, ·)
+    return x.reshape(h_kv, N, h // h_kv, -1).transpose(1, 0, 2, 3).reshape(N, h, 1, -1)
+
+
 def cascade_attention(q: np.ndarray, K_shared: np.ndarray, V_shared: np.ndarray,
                       K_own: list[np.ndarray], V_own: list[np.ndarray]) -> np.ndarray:
-    """One decoding query per request over a shared prefix (read once) and its own suffix.
+    """Decoding queries over a shared prefix, read once, and their own suffixes.
 
     Shapes: q (N, h, 1, d); K_shared, V_shared (h_kv, P, d); K_own[i], V_own[i]
     (h_kv, S_i, d) with S_i >= 1 -> (N, h, 1, d): request i's attention over the
@@ -42,21 +54,19 @@ def cascade_attention(q: np.ndarray, K_shared: np.ndarray, V_shared: np.ndarray,
     check_rank("q", q, 4, "(N, h, 1, d)")
     N, h, one, d = q.shape
     if one != 1 or len(K_own) != N or len(V_own) != N:
-        raise ValueError(f"q must be (N, h, 1, d) with one suffix per request; got q "
-                         f"{q.shape}, {len(K_own)} key and {len(V_own)} value suffixes")
+        raise ValueError(f"q must be (N, h, 1, d) with one suffix per request; got "
+                         f"q {q.shape} and {len(K_own)}, {len(V_own)} suffixes")
     h_kv = K_shared.shape[0]
-
-    def state(queries, K, V):  # (h_kv, rows, d) -> m, l (h_kv, rows, 1), acc (h_kv, rows, d)
-        return [x[0] for x in split_k_partials(queries, K, V, num_splits=1)]
-
     # level 1: all N requests' queries against the prefix, in one pass
-    shared = [x.reshape(h_kv, N, h // h_kv, -1).transpose(1, 0, 2, 3)  # (N, h_kv, g, ·)
-              .reshape(N, h, 1, -1) for x in state(group_queries(q, h_kv), K_shared, V_shared)]
-    # level 2: each request's queries against its own suffix: (N, h, 1, ·) each
-    own = zip(*[[x.reshape(h, 1, -1) for x in state(group_queries(q[i:i + 1], h_kv), K, V)]
-                for i, (K, V) in enumerate(zip(K_own, V_own, strict=True))], strict=True)
-    m, l, acc = (np.stack([s, np.stack(o)]) for s, o in zip(shared, own, strict=True))
-    return merge_partials(m, l, acc)[0]  # the two levels merged: (N, h, 1, d)
+    shared = _level_state(group_queries(q, h_kv), K_shared, V_shared)
+    shared = [_ungroup(x, N, h) for x in shared]  # m, l, acc: (N, h, 1, ·)
+    # level 2: each request's queries against its own suffix
+    own = [_level_state(group_queries(q[i:i + 1], h_kv), K, V)
+           for i, (K, V) in enumerate(zip(K_own, V_own, strict=True))]
+    own = [np.concatenate([_ungroup(o[j], 1, h) for o in own]) for j in range(3)]
+    # the two levels stacked: m, l, acc (2, N, h, 1, ·), merged
+    m, l, acc = (np.stack(pair) for pair in zip(shared, own, strict=True))
+    return merge_partials(m, l, acc)[0]
 
 
 def cascade_bytes(num_requests: int, prefix_len: int, suffix_len: int, num_heads: int, num_kv_heads: int,

@@ -141,7 +141,7 @@ class PagedKVCache:
             self.lengths[seq] += 1
 
     def truncate(self, seq: int, length: int) -> None:
-        """Forget the positions of ``seq`` from ``length`` on (tokens a verifier rejected).
+        """Forget the positions of ``seq`` from ``length`` on (rejected drafts).
 
         Blocks wholly past the new end go back to the pool; rows past it in the
         last kept block are overwritten by the next append (copied first if that

@@ -32,7 +32,7 @@ ROOT_HASH = b"\x00" * 32
 
 def block_hashes(tokens: list[int] | np.ndarray, block_size: int,
                  parent: bytes = ROOT_HASH) -> list[bytes]:
-    """The chained SHA-256 of each full block: ``h_i = H(h_{i-1} || block i's tokens)``.
+    """Chained SHA-256 of each full block: ``h_i = H(h_{i-1} || block i's tokens)``.
 
     A partial last block has no hash: its contents may still change.
     """

@@ -104,7 +104,7 @@ class ContinuousBatcher:
 
     def _schedule(self, running: list[_Running], waiting: deque[Served],
                   now: float) -> list[tuple[_Running, int]]:
-        """This step's (request, tokens) pairs: running ones first, then admissions."""
+        """This step's (request, tokens) pairs; preempts and admits as it goes."""
         budget, free = self.token_budget, len(self.cache.allocator.free)
         plan, preempted = [], False
         for r in list(running):
@@ -118,7 +118,8 @@ class ContinuousBatcher:
                 free -= self._blocks_needed(r, n)
                 plan.append((r, n))
                 budget -= n
-        while (waiting and not preempted and budget and len(running) < self.max_running
+        while (waiting and not preempted and budget
+               and len(running) < self.max_running
                and waiting[0].request.arrival <= now):
             r = _Running(waiting[0], self.cache.add_sequence())
             n = min(len(r.tokens), budget)  # a prompt's first chunk

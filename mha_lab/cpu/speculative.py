@@ -28,7 +28,7 @@ from mha_lab.cpu.functional import softmax
 from mha_lab.cpu.paged import BlockAllocator, PagedKVCache
 from mha_lab.cpu.tiny_lm import TinyLM
 
-__all__ = ["Draw", "RandomDraw", "acceptance_probability", "residual", "verify", "SpecStats",
+__all__ = ["Draw", "RandomDraw", "UniformDraw", "acceptance_probability", "residual", "verify", "SpecStats",
            "speculative_generate", "plain_generate", "enumerate_outcomes", "expected_tokens",
            "expected_speedup"]
 
@@ -54,6 +54,22 @@ class RandomDraw:
         return int(self.rng.choice(len(probs), p=probs))
 
 
+class UniformDraw:
+    """Draws read from given uniform numbers: the i-th coin is ``u[i] < prob``; a token is drawn from ``probs`` by
+    its inverse CDF at ``r``, the first token whose cumulative probability exceeds r. Deterministic, so that two
+    implementations of the rule can be compared on the same randomness."""
+
+    def __init__(self, u: np.ndarray, r: float) -> None:
+        self.u, self.r, self.coins = np.asarray(u, dtype=float), float(r), 0
+
+    def accept(self, prob: float) -> bool:
+        self.coins += 1
+        return bool(self.u[self.coins - 1] < prob)
+
+    def sample(self, probs: np.ndarray) -> int:
+        return int(min(np.searchsorted(np.cumsum(probs), self.r, side="right"), len(probs) - 1))
+
+
 def acceptance_probability(p: np.ndarray, q: np.ndarray, token: int) -> float:
     r"""The chance of keeping a drafted ``token``: :math:`\min(1, p(x)/q(x))`; p, q (V,) distributions."""
     return float(min(1.0, p[token] / q[token]))
@@ -69,15 +85,15 @@ def residual(p: np.ndarray, q: np.ndarray) -> np.ndarray:
 
 
 def verify(p: np.ndarray, q: np.ndarray, drafted: list[int], draw: Draw) -> list[int]:
-    """The modified rejection rule: the accepted drafts, then a residual or bonus token.
+    """The modified rejection rule: accepted drafts, then a residual or bonus token.
 
     Shapes: p (k+1, V) the target's distributions after each draft prefix; q (k, V)
     the draft's; ``drafted`` the k tokens. Returns between 1 and k+1 tokens.
     """
     k = len(drafted)
     if p.shape[0] != k + 1 or q.shape[0] != k:
-        raise ValueError(f"{k} drafted tokens need p of k+1 = {k + 1} rows and q of k "
-                         f"rows; got {p.shape[0]} and {q.shape[0]}")
+        raise ValueError(f"{k} drafted tokens need p of k+1 = {k + 1} rows and q "
+                         f"of k rows; got {p.shape[0]} and {q.shape[0]}")
     out = []
     for i, x in enumerate(drafted):
         if not draw.accept(acceptance_probability(p[i], q[i], x)):

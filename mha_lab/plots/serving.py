@@ -30,9 +30,14 @@ def plot_cascade_bytes(requests: Sequence[int], plain: Sequence[float], cascade:
 def plot_step_cost(flops: Mapping[str, float], n_bytes: Mapping[str, float]) -> Figure:
     """One engine step's FLOPs (left, GFLOP) and bytes (right, GB), each a bar per part of the work."""
     fig, (left, right) = new_figure(3.0, 1, 2)
-    for ax, parts, scale, unit in ((left, flops, 1e9, "GFLOP"), (right, n_bytes, 1e9, "GB")):
+    for ax, parts, unit in ((left, flops, "GFLOP (log scale)"), (right, n_bytes, "GB (log scale)")):
         names = list(parts)
-        ax.barh(names, [parts[n] / scale for n in names], color="tab:blue")
+        values = np.array([parts[n] for n in names]) / 1e9
+        bars = ax.barh(names, values, color="tab:blue")
+        ax.bar_label(bars, labels=[f"{v:,.0f}" if v >= 10 else f"{v:.2g}" for v in values], padding=3)
+        ax.set_xscale("log")
+        ax.set_xlim(values.min() / 3, values.max() * 30)  # room for the labels
+        log_ticks(ax.xaxis)
         ax.invert_yaxis()
         ax.set(xlabel=unit)
         ax.grid(True, axis="x", alpha=0.3)
@@ -47,7 +52,7 @@ def plot_speculative(ks: Sequence[int], acceptance: Sequence[float], per_round: 
     Right: expected speed-up against k for each draft cost."""
     fig, (left, right) = new_figure(3.4, 1, 2)
     left.plot(ks, per_round, "o", label="tokens per target pass (measured)")
-    left.plot(ks, predicted, "-", color="black", label="(1 − α^(k+1)) / (1 − α)")
+    left.plot(ks, predicted, "-", color="black", label=r"$(1 - \alpha^{k+1}) / (1 - \alpha)$ at each α")
     left.plot(ks, acceptance, "s--", label="acceptance rate α (measured)")
     left.set(xlabel="drafts per round, k", ylabel="tokens, or rate", title="Measured on the model")
     for name, values in speedups.items():
