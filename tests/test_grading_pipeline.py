@@ -134,6 +134,15 @@ class Class:
                 f"{student}'s feedback shows an error"
 
     @pytest.mark.slow
+    def test_cells_are_numbered_as_they_ran(self, graded):
+        student = REFERENCE_STUDENTS[0]
+        for nb in graded[student].notebooks.values():
+            counts = [c.get("execution_count") for c in nb.cells if c.cell_type == "code"]
+            assert counts == list(range(1, len(counts) + 1)), counts
+        text = feedback_text(graded.course, student, self.ASSIGNMENT)
+        assert "In\xa0[1]:" in text and not re.search(r"In\s\[\s\]:", text), "the feedback shows cells that never ran"
+
+    @pytest.mark.slow
     def test_release_gets_zero(self, graded):
         r = graded[RELEASE_STUDENT]
         assert r.cells and r.max_score > 0, f"release was not graded: {r.error}"

@@ -91,9 +91,9 @@ def grade_submission(folder: Path, releases: dict[str, dict], hidden: Path, limi
         with _with_release_files(Path(folder), release_files or {}, limits) as given, \
                 closing(RemoteSubmission(given, limits)) as sandboxed:
             try:
-                for cell, (text, error) in zip(code, sandboxed.run([c.source for c in code], _definitions(code)),
-                                               strict=False):
-                    cell.outputs = _outputs(str(text), str(error))
+                ran = sandboxed.run([c.source for c in code], _definitions(code))
+                for count, (cell, (text, error)) in enumerate(zip(code, ran, strict=False), start=1):
+                    cell.outputs, cell.execution_count = _outputs(str(text), str(error)), count  # In [count]
             except Exception as exc:  # noqa: BLE001 - the worker stopped, or answered in a shape it should not
                 result.error = str(exc)
             t1 = time.time()
