@@ -214,14 +214,14 @@ def enumerate_outcomes(run: Callable[[Draw], Hashable], max_paths: int = 100_000
     return dict(dist)
 
 
-def expected_tokens(alpha: float, k: int) -> float:
-    r"""Tokens per target pass when each draft is accepted with probability α: :math:`(1 - α^{k+1}) / (1 - α)`."""
-    return float(k + 1) if alpha == 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
+def expected_tokens(rate: float, k: int) -> float:
+    r"""Tokens per target pass when each draft is accepted with probability ρ: :math:`(1 - ρ^{k+1}) / (1 - ρ)`."""
+    return float(k + 1) if rate == 1 else (1 - rate ** (k + 1)) / (1 - rate)
 
 
-def expected_speedup(alpha: float, k: int, cost_ratio: float) -> float:
-    r"""Speed-up over plain decoding when a draft step costs c target steps.
+def expected_speedup(rate: float, k: int, cost_ratio: float) -> float:
+    r"""Speed-up over plain decoding when a draft step costs :math:`c_\text{draft}` target steps.
 
-    .. math:: \frac{1 - α^{k+1}}{(1 - α)(kc + 1)}
+    .. math:: \frac{1 - ρ^{k+1}}{(1 - ρ)(k c_\text{draft} + 1)}
     """
-    return expected_tokens(alpha, k) / (k * cost_ratio + 1)
+    return expected_tokens(rate, k) / (k * cost_ratio + 1)

@@ -18,7 +18,7 @@ def plot_cascade_bytes(requests: Sequence[int], plain: Sequence[float], cascade:
     fig, ax = new_figure(3.0)
     ax.loglog(requests, np.asarray(plain) / 1e6, "o-", label="plain: the prefix read by every request")
     ax.loglog(requests, np.asarray(cascade) / 1e6, "s-", label="cascade: the prefix read once")
-    ax.set(xlabel="requests sharing the prefix, N", ylabel="bytes read per step (MB)",
+    ax.set(xlabel="requests sharing the prefix, B", ylabel="bytes read per step (MB)",
            title="One decoding step over a shared prefix")
     log_ticks(ax.xaxis)
     log_ticks(ax.yaxis)
@@ -52,8 +52,8 @@ def plot_speculative(ks: Sequence[int], acceptance: Sequence[float], per_round: 
     Right: expected speed-up against k for each draft cost."""
     fig, (left, right) = new_figure(3.4, 1, 2)
     left.plot(ks, per_round, "o", label="tokens per target pass (measured)")
-    left.plot(ks, predicted, "-", color="black", label=r"$(1 - \alpha^{k+1}) / (1 - \alpha)$ at each α")
-    left.plot(ks, acceptance, "s--", label="acceptance rate α (measured)")
+    left.plot(ks, predicted, "-", color="black", label=r"$(1 - \rho^{k+1}) / (1 - \rho)$ at each ρ")
+    left.plot(ks, acceptance, "s--", label="acceptance rate ρ (measured)")
     left.set(xlabel="drafts per round, k", ylabel="tokens, or rate", title="Measured on the model")
     for name, values in speedups.items():
         right.plot(ks, values, "o-", label=name)
@@ -63,5 +63,5 @@ def plot_speculative(ks: Sequence[int], acceptance: Sequence[float], per_round: 
         ax.grid(True, alpha=0.3)
         ax.set_xticks(list(ks))
     legend_outside(left, "below", ncols=1)
-    legend_outside(right, "right", title="draft cost c")
+    legend_outside(right, "right", title="draft cost")
     return check(fig)
