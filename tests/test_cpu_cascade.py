@@ -60,3 +60,17 @@ def test_bytes_against_the_number_of_requests():
     many = cascade_bytes(64, 1000, 10, num_heads=8, num_kv_heads=2, head_dim=64)
     assert many["plain"] == 64 * 1010 * kv_row
     assert many["cascade"] == (1000 + 64 * 10) * kv_row + 4 * 64 * 8 * 65 * 4  # the prefix read once, not 64 times
+
+
+def test_the_prefix_is_read_once_for_all_requests(monkeypatch):
+    """The keys cascade_attention hands to the softmax: the prefix once, then each suffix."""
+    read = []
+    partials = cascade.split_k_partials
+
+    def spy(q, K, V, num_splits):
+        read.append(K.shape[-2])
+        return partials(q, K, V, num_splits)
+
+    monkeypatch.setattr(cascade, "split_k_partials", spy)
+    cascade_attention(*case(5, 40, [2, 6, 3, 1, 4]))
+    assert read == [40, 2, 6, 3, 1, 4]  # 56 key rows, where plain attention reads 5 * 40 + 16
