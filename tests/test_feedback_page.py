@@ -10,12 +10,14 @@ from pathlib import Path
 
 import nbformat
 import nbgrader
+import pytest
 from bs4 import BeautifulSoup
 from nbconvert.exporters import HTMLExporter
+from test_site import CHROMIUM, CHROMIUM_ARGS, needs_chromium
 from traitlets.config import Config
 from traitlets.config.loader import PyFileConfigLoader
 
-from mha_lab.grading import course
+from mha_lab.grading import course, math_html
 from mha_lab.grading.feedback_page import FeedbackExporter
 from mha_lab.instructor.classroom import REPO
 
@@ -65,3 +67,51 @@ def test_nbgrader_config_names_the_exporter_for_formgraders_button_too():
     config = PyFileConfigLoader("nbgrader_config.py", path=str(REPO)).load_config()
     assert config.GenerateFeedback.exporter_class == course.FEEDBACK_EXPORTER
     assert course.FEEDBACK_EXPORTER == f"{FeedbackExporter.__module__}.{FeedbackExporter.__name__}"
+
+
+def test_formulas_are_mathml_made_with_the_page_and_nothing_is_loaded():
+    nb = _graded()
+    nb.cells[0].source += "\n\n$$\\frac{Q K^\\top}{\\sqrt{d_k}}$$ costs $5 and $6; `$x$` is code"
+    page = _page(FeedbackExporter, nb)
+    assert "<script" not in page.split("<body", 1)[0] and "cdnjs" not in page and "MathJax" not in page
+    assert page.count("<math") == 2 and "$5 and $6" in page and "<code>$x$</code>" in page
+    assert "<mfrac>" in page and "<msqrt>" in page
+
+
+@pytest.mark.slow
+@needs_chromium
+def test_the_feedback_page_renders_its_math_offline_in_chromium(tmp_path):
+    """ps3's own formulas, in a feedback page opened with every request off the disk refused: each is drawn (a
+    fraction is taller than a line of text), no TeX shows, and no request leaves the machine."""
+    from playwright.sync_api import sync_playwright
+
+    release = nbformat.read(REPO / "assignments" / "ps3_memory_efficient" / "ps3_memory_efficient.ipynb", as_version=4)
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [c for c in release.cells if c.cell_type == "markdown" and "$" in c.source]
+    formulas = sum(len(math_html.MATH.findall(c.source)) for c in nb.cells)
+    path = tmp_path / "ps3.html"
+    path.write_text(_page(FeedbackExporter, nb))
+    requests = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page()
+
+            def offline(route):
+                requests.append(route.request.url)
+                route.continue_() if route.request.url.startswith(("file://", "data:")) else route.abort()
+
+            page.route("**/*", offline)
+            page.goto(path.as_uri(), wait_until="load")
+            shown = page.locator("math").count()
+            layout = page.locator("math").first.evaluate("m => getComputedStyle(m).display")
+            fraction = page.locator("math[display=block]:has(mfrac)").first.bounding_box()
+            line = page.locator("p").first.evaluate("p => parseFloat(getComputedStyle(p).lineHeight) || 20")
+            text = page.locator("body").inner_text()
+        finally:
+            browser.close()
+    assert [u for u in requests if not u.startswith("data:")] == [path.as_uri()], requests
+    assert formulas >= 10 and shown == formulas, (shown, formulas)
+    assert layout.endswith("math"), f"the browser does not draw MathML ({layout})"
+    assert fraction and fraction["height"] > 1.5 * line, (fraction, line)
+    assert "$" not in text and "\\frac" not in text and "\\sum" not in text, text[:500]

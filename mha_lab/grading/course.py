@@ -20,7 +20,7 @@ from typing import Any
 
 import nbformat
 
-from mha_lab.grading import safe_html
+from mha_lab.grading import math_html, safe_html
 from mha_lab.grading.text import writable_name
 
 __all__ = ["COURSE_ID", "stamp_in_process", "nbgrader", "convert", "gradebook", "students", "submission", "id_problem",
@@ -236,10 +236,10 @@ FEEDBACK_EXPORTER = "mha_lab.grading.feedback_page.FeedbackExporter"  # imports 
 def feedback_exporter() -> dict[str, Any]:
     """The HTMLExporter settings of every feedback page (``make grade``, ``nbgrader generate_feedback``, formgrader's
     button; ``nbgrader_config.py`` sets them): the ``mha_feedback`` template, and what the students wrote or
-    displayed sanitised (``safe_html``)."""
+    displayed sanitised (``safe_html``), and its formulas typeset as MathML (``math_html``), for reading offline."""
     nbgrader_dir = Path(importlib.util.find_spec("nbgrader").origin).parent
     return {"template_name": "mha_feedback", "template_file": "feedback.html.j2", "sanitize_html": True,
-            "filters": {"clean_html": safe_html.FILTER},
+            "filters": {"clean_html": safe_html.FILTER, "typeset_math": math_html.FILTER},
             "extra_template_basedirs": [str(FEEDBACK_TEMPLATES),
                                         str(nbgrader_dir / "server_extensions" / "formgrader" / "templates")]}
 

@@ -4,7 +4,7 @@ Markdown a student wrote and HTML their code displayed are rendered by nbconvert
 (``nh3``): scripts, event handlers, frames, forms, styles and ``javascript:`` links go, the text around them
 stays. What a feedback page needs survives: headings, paragraphs, lists, tables, links, embedded images
 (``data:image/...``; an image from elsewhere would tell its server who opened the page), code with its
-highlighting classes, and math, which is text until MathJax typesets it. ``course.feedback`` installs
+highlighting classes, and math, as TeX text that ``math_html`` then typesets. ``course.feedback`` installs
 ``clean_html`` as nbconvert's filter of that name and turns on nbconvert's ``sanitize_html``, which routes
 student HTML through it and drops JavaScript and widget outputs.
 """
