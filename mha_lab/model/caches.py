@@ -10,9 +10,10 @@ token-by-token cache.
   sinks + window - 1), as StreamingLLM does, so no distance exceeds the cache's size.
 - ``fake_quant_core(...)``: keys and values rounded as a uniformly quantised cache stores them
   (int8 with a scale per token, fp8 e4m3 with one scale per layer).
-- ``kivi_core(bits, group)``: KIVI (Liu et al. 2024) as tokens stream in: keys quantised per
-  channel over groups of ``group`` tokens once a group is complete, values per token once
-  they are older than the newest ``group`` tokens; the rest is the full-precision residual.
+- ``kivi_core(bits, group, residual)``: KIVI (Liu et al. 2024) as tokens stream in: keys
+  quantised per channel over groups of ``group`` tokens once ``residual`` of them have
+  arrived, values per token once they are older than the newest ``residual``; the rest is the
+  full-precision residual.
 """
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ import math
 import numpy as np
 import torch
 
-from mha_lab.cpu.quantized import Axis, Format, quantize
+from mha_lab.cpu.quantized import Axis, Format, quantize, quantize_groups
 from mha_lab.model.transformer import Core, Rope, attention_weights, rotate
 
-__all__ = ["streaming_mask", "streaming_core", "fake_quant_core", "minmax_quantize", "kivi_masks", "kivi_core",
+__all__ = ["streaming_mask", "streaming_core", "fake_quant_core", "kivi_masks", "kivi_core",
            "kivi_bytes_per_token", "uniform_bytes_per_token"]
 
 
@@ -93,45 +94,39 @@ def fake_quant_core(fmt: Format, axis: Axis, per_layer: bool = False) -> Core:
     return core
 
 
-def minmax_quantize(x: torch.Tensor, bits: int, dim: int | tuple[int, ...]) -> torch.Tensor:
-    r"""Asymmetric b-bit quantisation with a scale and a zero point per group (the elements along ``dim``
-    share one), returned dequantised:
-
-    .. math:: s = \frac{\max x - \min x}{2^b - 1}, \quad q = \mathrm{round}\Big(\frac{x - \min x}{s}\Big),
-              \quad \hat x = s\,q + \min x
-    """
-    lo, hi = x.amin(dim=dim, keepdim=True), x.amax(dim=dim, keepdim=True)
-    scale = (hi - lo) / (2 ** bits - 1)
-    scale = torch.where(scale > 0, scale, torch.ones_like(scale))  # a constant group is exact
-    return torch.round((x - lo) / scale).clamp(0, 2 ** bits - 1) * scale + lo
-
-
-def kivi_masks(L: int, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+def kivi_masks(L: int, residual: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(L, L) booleans: which keys and which values query t reads quantised in KIVI's streaming cache.
 
-    Key j is quantised once its group of ``group`` tokens is complete: j < group * floor((t + 1) / group).
-    Value j is quantised once ``group`` newer tokens have arrived: j <= t - group.
+    Keys wait in the float16 residual until ``residual`` of them have arrived, then are quantised
+    together: key j is quantised for query t when j < t + 1 - (t + 1) mod R. A value is quantised
+    once it is older than the newest R: j < t + 1 - R.
     """
     t = torch.arange(L)[:, None]
     j = torch.arange(L)[None, :]
-    return j < group * ((t + 1) // group), j <= t - group
+    return j < t + 1 - (t + 1) % residual, j < t + 1 - residual
 
 
-def kivi_core(bits: int, group: int) -> Core:
-    """Causal attention as KIVI's cache gives it: query t reads each key and value either quantised or, in the
-    residual, exact (``kivi_masks``). Keys: per channel over each group of ``group`` tokens; values: per
-    token over the head's channels; a scale and a zero point per group."""
+def _group_quantized(x: torch.Tensor, bits: int, axis: str, group: int) -> torch.Tensor:
+    return torch.from_numpy(quantize_groups(x.numpy().astype(np.float64), bits, axis, group).dequantize()).to(x.dtype)
+
+
+def kivi_core(bits: int, group: int, residual: int) -> Core:
+    """Causal attention as KIVI's cache gives it while tokens stream in (``mha_lab.cpu.kivi_quantize`` is the
+    cache after a prompt): query t reads each key and value quantised or, in the residual, exact
+    (``kivi_masks``). Keys per channel in groups of ``group`` tokens, values per token in groups of
+    ``group`` channels (``quantize_groups``: a scale and a zero point per group)."""
+    if residual % group:
+        raise ValueError(f"the residual ({residual}) must be a multiple of the group ({group})")
+
     def core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sink_logits: torch.Tensor | None,
              **_: object) -> torch.Tensor:
-        B, h_kv, L, d = k.shape
-        whole = L // group * group
+        L = k.shape[-2]
+        whole = L - L % group  # groups are fixed at multiples of G: quantise each once
         k_hat = k.clone()  # the tail of an incomplete group is never read quantised
-        # (B, h_kv, whole, d) -> (B, h_kv, whole / G, G, d): one scale per channel per group of G tokens
-        k_hat[..., :whole, :] = minmax_quantize(k[..., :whole, :].reshape(B, h_kv, whole // group, group, d),
-                                                bits, dim=-2).reshape(B, h_kv, whole, d)
-        v_hat = minmax_quantize(v, bits, dim=-1)  # one scale per token and head
+        k_hat[..., :whole, :] = _group_quantized(k[..., :whole, :], bits, "channel", group)
+        v_hat = _group_quantized(v, bits, "token", group)
         k, k_hat, v, v_hat = _expand(q, k, k_hat, v, v_hat)
-        k_quant, v_quant = kivi_masks(L, group)
+        k_quant, v_quant = kivi_masks(L, residual)
         scale = 1 / math.sqrt(q.shape[-1])
         scores = torch.where(k_quant, q @ k_hat.transpose(-2, -1), q @ k.transpose(-2, -1)) * scale
         weights = attention_weights(scores, torch.ones(L, L, dtype=torch.bool).tril(), sink_logits)  # (B, h, L, L)
@@ -141,10 +136,10 @@ def kivi_core(bits: int, group: int) -> Core:
 
 
 def kivi_bytes_per_token(bits: int, group: int, num_kv_heads: int, head_dim: int) -> float:
-    """KIVI's bytes per token and layer, once past the residual: K and V codes of ``bits`` bits, a float16
-    scale and zero point per channel per ``group`` tokens for K, per token and head for V."""
-    codes = 2 * num_kv_heads * head_dim * bits / 8
-    return codes + 4 * num_kv_heads * head_dim / group + 4 * num_kv_heads
+    """KIVI's bytes per token and layer once past the residual, as ``quantize_groups`` stores them: codes,
+    and a float16 scale and zero point per group, for one group of ``group`` tokens' keys and values."""
+    block = np.zeros((1, num_kv_heads, group, head_dim))
+    return sum(quantize_groups(block, bits, axis, group).nbytes for axis in ("channel", "token")) / group
 
 
 def uniform_bytes_per_token(num_kv_heads: int, head_dim: int, per_token_scale: bool) -> float:

@@ -35,9 +35,10 @@ __all__ = ["MEASUREMENTS", "EVAL", "token_nll", "perplexity", "attention_to_firs
            "streaming_table", "quantized_table", "long_context_table", "gqa_table", "measure", "main"]
 
 MEASUREMENTS = Path(__file__).resolve().parent / "measurements.json"
-EVAL = {"docs": 8, "stream": 4, "window": 64, "sinks": 4, "group": 32, "lengths": (1, 2, 4, 8)}
+EVAL = {"docs": 8, "stream": 4, "window": 64, "sinks": 4, "group": 32, "residuals": (128, 32), "lengths": (1, 2, 4, 8)}
 """``docs`` held-out files; streams of ``stream`` x the training length; StreamingLLM's window and sinks;
-KIVI's group (and residual) size; the context lengths, in training lengths, of the long-context table."""
+KIVI's group and residuals (the paper's 128, and one group); the context lengths, in training lengths,
+of the long-context table."""
 
 
 @torch.no_grad()
@@ -91,8 +92,10 @@ def streaming_table(model: ByteLM, tokens: np.ndarray, window: int, sinks: int) 
             "re-computation": perplexity(recompute_nll(model, tokens, window))}
 
 
-def quantized_table(model: ByteLM, tokens: np.ndarray, group: int) -> dict[str, dict[str, float]]:
-    """Perplexity and cache bytes per token and layer for a float16 cache and each quantised one."""
+def quantized_table(model: ByteLM, tokens: np.ndarray, group: int,
+                    residuals: tuple[int, ...]) -> dict[str, dict[str, float]]:
+    """Perplexity and cache bytes per token and layer (KIVI's float16 residual not counted) for a float16
+    cache and each quantised one."""
     cfg = model.cfg
     h_kv, d = cfg.num_kv_heads, cfg.head_dim
     schemes: dict[str, tuple[Core, float]] = {
@@ -102,7 +105,9 @@ def quantized_table(model: ByteLM, tokens: np.ndarray, group: int) -> dict[str, 
                                           uniform_bytes_per_token(h_kv, d, False)),
     }
     for bits in (4, 2):
-        schemes[f"KIVI {bits}-bit"] = (kivi_core(bits, group), kivi_bytes_per_token(bits, group, h_kv, d))
+        for r in residuals:
+            schemes[f"KIVI {bits}-bit, R = {r}"] = (kivi_core(bits, group, r),
+                                                    kivi_bytes_per_token(bits, group, h_kv, d))
     return {name: {"perplexity": perplexity(token_nll(model, tokens, core=core)), "bytes": float(nbytes)}
             for name, (core, nbytes) in schemes.items()}
 
@@ -141,7 +146,7 @@ def measure(folder: Path = WEIGHTS) -> dict:
         out[name] = {"attention_to_first": first.round(4).tolist(),
                      "attention_to_sink_logit": to_sink.round(4).tolist(),
                      "streaming": streaming_table(model, stream, EVAL["window"], EVAL["sinks"]),
-                     "quantized": quantized_table(model, stream, EVAL["group"])}
+                     "quantized": quantized_table(model, stream, EVAL["group"], EVAL["residuals"])}
     lengths = tuple(n * L for n in EVAL["lengths"])
     out["long"] = {"before": long_context_table({m: base for m in SCALINGS}, longest, lengths, LONG["factor"]),
                    "after": long_context_table({m: load(f"long-{m}", folder) for m in SCALINGS}, longest, lengths,
