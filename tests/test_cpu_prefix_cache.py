@@ -110,12 +110,13 @@ def test_free_blocks_stay_findable_and_the_least_recently_freed_go_first():
     cache.free_sequence(b)
     pool = cache.allocator
     assert pool.used == 0 and len(pool.by_hash) == 4
-    # tails are freed first: the queue is a's 2, 1, 0 then b's 5, 4, 3
-    assert pool.free == [2, 1, 0, 5, 4, 3]
-    _, hit = serve(cache, [1, 2, 3, 4, 7, 7])  # reuses 0 and 1, then takes 2 (no hash) and 5 (no hash)
+    # tails are freed first: cached blocks queue as a's 1, 0 then b's 4, 3; the partial blocks
+    # 2 and 5 hold nothing findable and go to the front
+    assert pool.free == [5, 2, 1, 0, 4, 3]
+    _, hit = serve(cache, [1, 2, 3, 4, 7, 7])  # reuses 0 and 1, then takes 5 for its own block
     assert hit == 4 and pool.evictions == 0
-    c, _ = serve(cache, [8, 8, 8])  # takes 5 (no hash), then 4, the least recently freed cached block: b's tail
-    assert pool.evictions == 1 and 4 not in pool.hash_of and cache.tables[c] == [5, 4]
+    c, _ = serve(cache, [8, 8, 8])  # takes 2 (no hash), then 4, the least recently freed cached block: b's tail
+    assert pool.evictions == 1 and 4 not in pool.hash_of and cache.tables[c] == [2, 4]
     cache.free_sequence(c)
     _, hit = serve(cache, [6, 7, 8, 9, 1])  # b's head block is still cached
     assert hit == 2

@@ -11,7 +11,8 @@ so equal hashes mean equal prefixes, not merely equal blocks. A new request look
 hashes up in order and reuses every block found until the first miss; it computes only the
 rest. A block whose last reference goes stays in the pool with its hash, free but still
 findable, until the pool needs it: free blocks are handed out least recently freed first, and a
-request frees its blocks last to first, so a prefix's tail is evicted before its head.
+request frees its blocks last to first, so a prefix's tail is evicted before its head. A freed
+block with no hash (a partly filled last block) holds nothing findable and goes first.
 """
 
 from __future__ import annotations
@@ -50,8 +51,9 @@ def block_hashes(tokens: list[int] | np.ndarray, block_size: int,
 class PrefixCachingAllocator(BlockAllocator):
     """A ``BlockAllocator`` whose full blocks keep their hash while free, evicted least recently used.
 
-    ``free`` is kept in LRU order: released blocks join the end, ``allocate`` takes the front and
-    forgets that block's hash (an **eviction** when it had one).
+    ``free`` is kept in LRU order: released blocks with a hash join the end, those without one
+    the front; ``allocate`` takes the front and forgets that block's hash (an **eviction** when
+    it had one).
     """
 
     def __init__(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
@@ -72,6 +74,12 @@ class PrefixCachingAllocator(BlockAllocator):
             self.evictions += 1
         self.refcount[block] = 1
         return block
+
+    def release(self, block: int) -> None:
+        """Drop one reference; a block left free joins the queue's end, or its front without a hash."""
+        super().release(block)
+        if self.refcount[block] == 0 and block not in self.hash_of:
+            self.free.insert(0, self.free.pop())  # nothing in it can be found: reuse it first
 
     def lookup(self, block_hash: bytes) -> int | None:
         """The block holding the prefix named by ``block_hash``, used or free, or None."""
