@@ -271,8 +271,8 @@ def test_a_broken_folder_costs_its_student_only(broken_class):
     for s in ("stamp-dir", "stamp-link", "stamp-binary", "stamp-garbage-late"):
         assert "timestamp.txt" in rows[s]["note"] and "the notebook's file time" in rows[s]["note"], rows[s]
     late = rows["stamp-garbage-late"]  # 72 h late by its notebook's time: 3 started days, -0.3 of 3
-    assert (late["status"], late["score"], late["hours_late"], late["penalty"], late["final_score"]) == \
-        ("graded", "3.0", "72.00", "0.9", "2.1"), late
+    assert (late["status"], late["score"], late["seconds_late"], late["penalty"], late["final_score"]) == \
+        ("graded", "3.0", "259200.0", "0.9", "2.1"), late
     for s in ("id\nnewline", "id\x1b[31mred"):
         assert got[s][0] == "not graded" and "control characters" in rows[s]["error"], rows[s]
     assert got["nb-folder"][0] == "not graded" and "not a notebook file" in rows["nb-folder"]["error"]

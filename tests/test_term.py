@@ -123,12 +123,12 @@ def test_scores_penalties_and_the_nbgrader_export_are_exact(term_course):
         "absent": (due, "", "", "", "", "3.0", "not submitted"),
     }, proc.stdout
     rows = _rows(root / "grades_demo.csv", "student")
-    assert {s: (r["status"], r["hours_late"], r["penalty"], r["final_score"]) for s, r in rows.items()} == {
-        "absent": ("not submitted", "", "", ""), "ontime": ("graded", "0.00", "0", "3"),
-        "late": ("graded", "26.00", "0.6", "2.4"), "extended": ("graded", "6.00", "0.3", "2.7"),
-        "notime": ("graded", "0.00", "0", "3"), "half": ("graded", "0.00", "0", "2"),
-        "renamed": ("graded", "0.00", "0", "3"), "twofiles": ("not graded", "", "", ""),
-        "visible": ("graded", "0.00", "0", "3"), "raises": ("graded", "0.00", "0", "0"),
+    assert {s: (r["status"], r["seconds_late"], r["penalty"], r["final_score"]) for s, r in rows.items()} == {
+        "absent": ("not submitted", "", "", ""), "ontime": ("graded", "0.0", "0", "3"),
+        "late": ("graded", "93600.0", "0.6", "2.4"), "extended": ("graded", "21600.0", "0.3", "2.7"),
+        "notime": ("graded", "0.0", "0", "3"), "half": ("graded", "0.0", "0", "2"),
+        "renamed": ("graded", "0.0", "0", "3"), "twofiles": ("not graded", "", "", ""),
+        "visible": ("graded", "0.0", "0", "3"), "raises": ("graded", "0.0", "0", "0"),
     }
     assert rows["renamed"]["note"] == "graded demo (1).ipynb as demo.ipynb: hand in the notebook under its own name"
     assert rows["twofiles"]["error"] == "missing notebook demo.ipynb (found: a.ipynb, b.ipynb)"
@@ -221,6 +221,11 @@ def test_the_canvas_export_round_trip(term_course, tmp_path, capsys):
     rows = {(r["student"], r["assignment"]): r for r in csv.DictReader(open(long, newline=""))}
     assert (rows["late", "demo"]["status"], rows["late", "demo"]["score"], rows["late", "demo"]["late_penalty"]) == \
         ("graded", "2.4", "0.6")
+    sheet = _rows(root / "grades_demo.csv", "student")  # the grade sheet and the long export: one unit, one value
+    assert {s for s, _ in rows} - {"nobody"} <= set(sheet)
+    assert all(float(r["seconds_late"] or "nan") == float(sheet[s]["seconds_late"] or "nan") or
+               r["seconds_late"] == sheet[s]["seconds_late"] == "" for (s, _), r in rows.items() if s in sheet), \
+        {s: (r["seconds_late"], sheet[s]["seconds_late"]) for (s, _), r in rows.items() if s in sheet}
     assert (rows["twofiles", "demo"]["status"], rows["twofiles", "demo"]["score"]) == ("not graded", "")
     assert (rows["absent", "demo"]["status"], rows["absent", "demo"]["score"]) == ("not submitted", "")
     with pytest.raises(SystemExit):

@@ -19,7 +19,8 @@ from mha_lab.instructor.term import Late
 
 __all__ = ["FIELDS", "summary_table", "write_csv"]
 
-FIELDS = ["student", "status", "score", "max_score", "timestamp", "hours_late", "penalty", "final_score", "error",
+# seconds_late: the unit of nbgrader's total_seconds_late and of grades_long.csv (export --long), written as it is
+FIELDS = ["student", "status", "score", "max_score", "timestamp", "seconds_late", "penalty", "final_score", "error",
           "note", "failed", "memory", "queue_s", "run_s", "judge_s"]
 REASON_CHARS = 90  # of a reason in the summary; the whole message is in the CSV
 WIDTH = 100  # columns of the summary: no line wraps on a terminal
@@ -121,7 +122,7 @@ def write_csv(results: Sequence[StudentResult], path: Path, everyone: Iterable[s
         graded = {"penalty": f"{penalty:g}", "final_score": f"{r.score - penalty:g}"} if r.notebooks else {}
         rows[r.student] = {"student": r.student, "status": _status(r), "score": r.score, "max_score": r.max_score,
                            "timestamp": when.timestamp.isoformat(sep=" ") if when and when.timestamp else "",
-                           "hours_late": f"{when.hours_late:.2f}" if when else "", **graded, "error": r.error,
+                           "seconds_late": str(float(when.seconds_late)) if when else "", **graded, "error": r.error,
                            "note": "; ".join(filter(None, [r.note, when.problem if when else ""])),
                            "failed": _failures(r), "memory": r.memory,
                            **{f"{k}_s": f"{v:.2f}" for k, v in r.timings.items()}}
