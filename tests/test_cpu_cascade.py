@@ -3,6 +3,8 @@ equals plain attention over prefix + suffix; the bytes it reads against N."""
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mha_lab.cpu import cascade, scaled_dot_product_attention
 from mha_lab.cpu.cascade import cascade_attention, cascade_bytes, group_queries
@@ -32,6 +34,14 @@ def case(N, P, suffixes, h=4, h_kv=2, d=8, seed=0):
     (1, 1, [1], 2), (3, 7, [1, 5, 2], 2), (5, 97, [3, 1, 9, 4, 7], 1), (2, 16, [16, 1], 4)])
 def test_cascade_equals_plain_attention(N, P, suffixes, h_kv):
     args = case(N, P, suffixes, h_kv=h_kv, seed=P)
+    assert_close(cascade_attention(*args), plain(*args))
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 50), st.lists(st.integers(1, 9), min_size=4, max_size=4),
+       st.sampled_from([1, 2, 4]), st.integers(0, 2**16))
+def test_cascade_equals_plain_attention_for_any_sizes(B, L_pre, own, h_kv, seed):
+    args = case(B, L_pre, own[:B], h_kv=h_kv, seed=seed)
     assert_close(cascade_attention(*args), plain(*args))
 
 

@@ -3,6 +3,8 @@ of every random branch on a small vocabulary), through paged caches that roll re
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mha_lab.cpu import speculative as sp
 from mha_lab.cpu.paged import BlockAllocator, PagedKVCache
@@ -43,6 +45,14 @@ def test_the_first_token_is_distributed_as_the_target(k):
     rng = np.random.default_rng(k)
     p, q = random_rows(rng, k + 1, 5), random_rows(rng, k, 5)
     np.testing.assert_allclose(one_step_distribution(p, q, k), p[0], rtol=1e-12, atol=1e-15)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 2), st.integers(2, 4), st.integers(0, 2**16))
+def test_any_draft_leaves_the_target_distribution(k, V, seed):
+    rng = np.random.default_rng(seed)
+    p, q = random_rows(rng, k + 1, V), random_rows(rng, k, V)
+    np.testing.assert_allclose(one_step_distribution(p, q, k), p[0], rtol=1e-10, atol=1e-14)
 
 
 @pytest.mark.parametrize(("bug", "replacement"), [
@@ -132,3 +142,18 @@ def test_expected_tokens_and_speedup():
 def test_mismatched_drafts_are_an_error():
     with pytest.raises(ValueError, match="k\\+1"):
         verify(np.ones((2, 3)) / 3, np.ones((2, 3)) / 3, [0, 1], RandomDraw())
+
+
+def test_uniform_draws_reproduce_the_targets_law_on_a_grid():
+    """UniformDraw on every cell of a grid of (u, r): the first token out is distributed as the target's p."""
+    p, q = np.array([0.1, 0.2, 0.7]), np.array([0.6, 0.3, 0.1])
+    grid = (np.arange(200) + 0.5) / 200
+    law = np.zeros(3)
+    for x in range(3):
+        for u in grid:
+            for r in grid[::10]:
+                law[verify(p[None].repeat(2, 0), q[None], [x], sp.UniformDraw([u], r))[0]] += q[x] / 200 / 20
+    np.testing.assert_allclose(law, p, atol=0.03)
+    draw = sp.UniformDraw([0.5, 0.9], 0.25)
+    assert draw.accept(0.6) and not draw.accept(0.6) and draw.coins == 2
+    assert draw.sample(np.array([0.2, 0.1, 0.7])) == 1 and sp.UniformDraw([], 0.999).sample(np.ones(2) / 2) == 1
