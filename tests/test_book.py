@@ -39,6 +39,7 @@ PAGES = {
     "10_decoding": "ch-decoding",
     "10_serving": "ch-serving",
     "11_tensor_parallel": "ch-tp",
+    "11_context_parallel": "ch-cp",
     "12_pitfalls": "ch-pitfalls",
     "13_grading": "ch-grading",
     "bibliography": "bibliography",
@@ -52,7 +53,7 @@ BIB_KEYS = {
     "kwon2023paged", "dao2023flashdecoding", "xiao2023streaming", "openai2025gptoss", "liu2024kivi",
     "hooper2024kvquant", "chen2023position", "peng2023yarn", "grattafiori2024llama3",
     "yu2022orca", "agrawal2023sarathi", "zheng2024sglang", "ye2025flashinfer", "leviathan2023fast",
-    "chen2023accelerating",
+    "chen2023accelerating", "liu2023ring", "jacobs2023ulysses",
 }
 
 
@@ -245,7 +246,7 @@ def test_chapter_links_a_graded_assignment(stem):
     md = page_source(stem)
     if not md.exists():
         pytest.fail(f"{md.relative_to(ROOT)} does not exist")
-    assert re.search(r"\{ref\}`(?:[^`<]*<)?assignment-ps[1-5]>?`", md.read_text()), (
+    assert re.search(r"\{ref\}`(?:[^`<]*<)?assignment-ps[1-6]>?`", md.read_text()), (
         f"{md.name} does not link a graded assignment ({{ref}}`assignment-psN`)"
     )
 
@@ -271,7 +272,8 @@ def test_chapter_does_not_redefine_package_code(stem):
 
 def test_grading_page_has_a_section_per_assignment():
     text = page_source("13_grading").read_text()
-    names = ["ps1_per_head_loop", "ps2_mqa", "ps3_memory_efficient", "ps4_backward", "ps5_decoding"]
+    names = ["ps1_per_head_loop", "ps2_mqa", "ps3_memory_efficient", "ps4_backward", "ps5_decoding",
+             "ps6_ring_speculative"]
     for n, name in enumerate(names, start=1):
         assert f"(assignment-ps{n})=" in text, f"13_grading.md lacks the label assignment-ps{n}"
         assert f"{{download}}`../assignments/{name}/{name}.ipynb`" in text or (

@@ -12,6 +12,7 @@ one worker (``--dist loadscope``), which grades that assignment's class once.
 
 from __future__ import annotations
 
+import csv
 import html
 import importlib
 import re
@@ -223,6 +224,23 @@ class TestPs2Mqa(Class):
 class TestPs3MemoryEfficient(Class):
     ASSIGNMENT = "ps3_memory_efficient"
 
+    @pytest.mark.slow
+    def test_the_graders_memory_readings_are_on_record(self, graded):
+        """Each memory cell's reading, passed or not: in the grade sheet, in the feedback beside the student's
+        own, and as a distribution in the class report."""
+        cells = {"head_by_head_forward_memory", "chunked_attention_memory"}
+        for r in graded.values():
+            if r.cells and not r.error:
+                assert {c.grade_id for c in r.cells if c.memory} == cells, (r.student, r.cells)
+        sheet = graded.course / f"grades_{self.ASSIGNMENT}.csv"
+        gradesheet.write_csv(list(graded.values()), sheet)
+        row = {r["student"]: r for r in csv.DictReader(open(sheet, newline=""))}[REFERENCE_STUDENTS[0]]
+        assert all(f"{c}: " in row["memory_peak"] for c in cells), row["memory_peak"]
+        text = feedback_text(graded.course, REFERENCE_STUDENTS[0], self.ASSIGNMENT)
+        assert text.count("The grader measured, from outside your process: ") == len(cells), text[-2000:]
+        md = (build_report(graded.course, self.ASSIGNMENT) / "report.md").read_text()
+        assert "## Measured memory" in md and all(c.replace("_", "\\_") in md for c in cells), md
+
 
 class TestPs4Backward(Class):
     ASSIGNMENT = "ps4_backward"
@@ -230,6 +248,10 @@ class TestPs4Backward(Class):
 
 class TestPs5Decoding(Class):
     ASSIGNMENT = "ps5_decoding"
+
+
+class TestPs6RingSpeculative(Class):
+    ASSIGNMENT = "ps6_ring_speculative"
 
 
 def test_every_assignment_has_its_class():

@@ -22,7 +22,7 @@ from mha_lab.instructor.classroom import answer_cell, fill_release, mutants
 
 REPO = Path(__file__).resolve().parents[1]
 # graded functions with no batch axis: they take a function, or a single array, not a batch of sequences
-NO_BATCH = {"measure_peak", "numerical_gradient", "gradient_check"}
+NO_BATCH = {"measure_peak", "numerical_gradient", "gradient_check", "ans_zigzag_chunks", "ans_ring_source"}
 ASSIGNMENTS = sorted(p.name for p in (REPO / "solutions").iterdir() if (p / f"{p.name}.ipynb").is_file())
 
 

@@ -26,8 +26,10 @@ from mha_lab.cpu import (
     split_heads,
 )
 from mha_lab.cpu.paged import pack_sequences
+from mha_lab.cpu.speculative import UniformDraw, residual, verify
 from mha_lab.cpu.split_k import split_k_partials
 from mha_lab.measure import traced_memory
+from mha_lab.parallel.sequence import block_state, merge_states, ring_attention
 
 __all__ = ["FILENAME", "VALUES", "main"]
 
@@ -143,9 +145,53 @@ def _ps5() -> dict[str, np.ndarray]:
             "merge_large_out": scaled_dot_product_attention(big, K, V)[0]}
 
 
+def _speculative(p: np.ndarray, q: np.ndarray, drafted: np.ndarray, u: np.ndarray, r: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """The modified rejection rule on each row, with its given uniforms: (accepted drafts, next token), each (B,)."""
+    out = [verify(p[b], q[b], list(drafted[b]), UniformDraw(u[b], r[b])) for b in range(len(drafted))]
+    return np.array([len(t) - 1 for t in out]), np.array([t[-1] for t in out])
+
+
+def _ps6() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(60)
+    q, k, v = rng.standard_normal((2, 3, 5, 4)), rng.standard_normal((2, 3, 7, 4)), rng.standard_normal((2, 3, 7, 4))
+    qc, kc, vc = rng.standard_normal((3, 2, 3, 6, 4))  # (B=2, h=3, L=6, d=4), causal
+    k2, v2 = rng.standard_normal((2, 2, 3, 9, 4))  # a second block of keys for the same queries
+    Q, K, V = rng.standard_normal((3, 2, 2, 12, 4))  # (B=2, h=2, L=12, d=4): 3 ranks, 6 zigzag chunks
+    V_size, k_draft = 5, 2
+    P = rng.dirichlet(np.ones(V_size), size=(3, k_draft + 1))  # (B=3, k+1, V)
+    Qd = rng.dirichlet(np.ones(V_size), size=(3, k_draft))  # (B=3, k, V)
+    drafted = np.array([[int(rng.choice(V_size, p=Qd[b, i])) for i in range(k_draft)] for b in range(3)])
+    accept = np.minimum(1.0, np.take_along_axis(P[:, :k_draft], drafted[..., None], -1)[..., 0]
+                        / np.take_along_axis(Qd, drafted[..., None], -1)[..., 0])  # (B, k)
+    # row 0 keeps both drafts, row 1 rejects the first, row 2 keeps one and rejects the second
+    u = np.where(np.array([[0, 0], [1, 0], [0, 1]]) == 1, (1 + accept) / 2, accept / 2)
+    r = rng.random(3)
+    n, nxt = _speculative(P, Qd, drafted, u, r)
+    state, big = block_state(q, k, v), block_state(300.0 * q, k, v)
+    second, big2 = block_state(q, k2, v2), block_state(300.0 * q, k2, v2)
+    both = np.concatenate([k, k2], axis=-2), np.concatenate([v, v2], axis=-2)
+    return {"block_q": q, "block_k": k, "block_v": v, **_state("block_", state), "block_qc": qc, "block_kc": kc,
+            "block_vc": vc, **_state("block_causal_", block_state(qc, kc, vc, True)),
+            **_state("merge_", state, "_a"), **_state("merge_", second, "_b"),
+            **_state("merge_", merge_states(*state, *second)), "merge_out": scaled_dot_product_attention(q, *both)[0],
+            **_state("merge_large_", big, "_a"), **_state("merge_large_", big2, "_b"),
+            "merge_large_out": scaled_dot_product_attention(300.0 * q, *both)[0],
+            "ring_Q": Q, "ring_K": K, "ring_V": V, "ring_out": ring_attention(Q, K, V, 3),
+            "ring_causal_out": ring_attention(Q, K, V, 3, causal=True),
+            "spec_p": P, "spec_q": Qd, "spec_drafted": drafted, "spec_u": u, "spec_r": r,
+            "spec_residual": np.stack([residual(P[b, 0], Qd[b, 0]) for b in range(3)]),
+            "spec_n_accepted": n, "spec_next_token": nxt}
+
+
+def _state(prefix: str, state: tuple[np.ndarray, ...], suffix: str = "") -> dict[str, np.ndarray]:
+    """An online-softmax state (m, l, acc) under the names ``<prefix>m<suffix>``, ``...l...``, ``...acc...``."""
+    return {f"{prefix}{n}{suffix}": x for n, x in zip(("m", "l", "acc"), state, strict=True)}
+
+
 VALUES: dict[str, Callable[[], dict[str, np.ndarray]]] = {
     "ps1_per_head_loop": _ps1, "ps2_mqa": _ps2, "ps3_memory_efficient": _ps3, "ps4_backward": _ps4,
-    "ps5_decoding": _ps5}
+    "ps5_decoding": _ps5, "ps6_ring_speculative": _ps6}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -26,6 +26,8 @@ from mha_lab.parallel.cost import (
 )
 from mha_lab.parallel.heads import check_split, head_columns, rank_heads, replica_groups
 from mha_lab.parallel.sequence import (
+    block_state,
+    merge_states,
     rank_partials,
     ring_attention,
     ring_part,
@@ -40,5 +42,5 @@ __all__ = [
     "Shard", "check_split", "rank_heads", "head_columns", "replica_groups", "shard_layer", "weights_per_device",
     "shard_forward", "all_reduce", "tensor_parallel_forward", "allreduce_bytes", "kv_grad_allreduce_bytes",
     "ring_bytes", "ulysses_bytes", "zigzag_chunks", "shard_sequence", "unshard_sequence", "ring_source", "ring_part",
-    "rank_partials", "ring_attention",
+    "block_state", "merge_states", "rank_partials", "ring_attention",
 ]

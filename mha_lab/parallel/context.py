@@ -26,6 +26,7 @@ import time
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch.autograd.function import FunctionCtx
 
 from mha_lab.parallel.layer import CommLog
@@ -141,24 +142,28 @@ class RingAttention(torch.autograd.Function):
     """Ring attention over ``group``, forward and backward; called through ``ring_attention``."""
 
     @staticmethod
-    def forward(ctx: FunctionCtx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                group: dist.ProcessGroup | None, log: CommLog) -> torch.Tensor:
+    def forward(ctx: FunctionCtx, q: torch.Tensor, k: torch.Tensor,
+                v: torch.Tensor, causal: bool, group: dist.ProcessGroup | None,
+                log: CommLog) -> torch.Tensor:
         ring = _Ring(group, log)
-        scale, n_rep, half = q.shape[-1] ** -0.5, q.shape[1] // k.shape[1], q.shape[-2] // 2
-        out = torch.zeros_like(q)
-        lse = torch.full(q.shape[:-1] + (1,), -math.inf, dtype=q.dtype, device=q.device)  # (B, h, L/N, 1)
+        scale, n_rep = q.shape[-1] ** -0.5, q.shape[1] // k.shape[1]
+        out = torch.zeros_like(q)  # (B, h, L/N, d), and its lse (B, h, L/N, 1):
+        lse = torch.full_like(q[..., :1], -math.inf)
         kv = [k, v]
         for step in range(ring.size):
-            pending = ring.start(kv, "K/V forward") if step + 1 < ring.size else None
+            if step + 1 < ring.size:  # send on while this block is computed
+                pending = ring.start(kv, "K/V forward")
             part = ring_part(ring.size, ring.rank, step, causal)
-            rows, keys = _rows_and_keys(part, half)
-            o_b, lse_b = block_attention(q[..., rows, :], _expand(kv[0][..., keys, :], n_rep),
-                                         _expand(kv[1][..., keys, :], n_rep), scale, part == "causal")
-            new = torch.logaddexp(lse[..., rows, :], lse_b)  # merge by the log-sum-exp
-            out[..., rows, :] = (torch.exp(lse[..., rows, :] - new) * out[..., rows, :]
+            rows, keys = _rows_and_keys(part, q.shape[-2] // 2)
+            k_b, v_b = (_expand(t[..., keys, :], n_rep) for t in kv)
+            o_b, lse_b = block_attention(q[..., rows, :], k_b, v_b, scale,
+                                         part == "causal")
+            old = lse[..., rows, :]
+            new = torch.logaddexp(old, lse_b)  # the merge, in log space
+            out[..., rows, :] = (torch.exp(old - new) * out[..., rows, :]
                                  + torch.exp(lse_b - new) * o_b)
             lse[..., rows, :] = new
-            if pending is not None:
+            if step + 1 < ring.size:
                 kv = ring.finish(pending)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.causal, ctx.group, ctx.log = causal, group, log
@@ -237,6 +242,9 @@ class _AllToAll(torch.autograd.Function):
 def _all_to_all(x: torch.Tensor, to_heads: bool, group, log: CommLog, op: str) -> torch.Tensor:
     """Sequence-sharded (B, h, L/N, d) -> head-sharded (B, h/N, L, d) when ``to_heads``, else the reverse."""
     n, rank = dist.get_world_size(group), dist.get_rank(group)
+    if n == 1:  # one rank holds every head of every position already: nothing to send
+        log.records.append({"op": op, "numel": 0, "bytes": 0, "seconds": 0.0})
+        return x
     # to heads: send head group j to rank j; back: send sequence block j to rank j
     parts = [p.contiguous() for p in x.chunk(n, dim=1 if to_heads else 2)]
     got = [torch.empty_like(p) for p in parts]
@@ -249,18 +257,21 @@ def _all_to_all(x: torch.Tensor, to_heads: bool, group, log: CommLog, op: str) -
     return torch.cat(got, dim=2 if to_heads else 1)
 
 
-def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
-                      group: dist.ProcessGroup | None = None, log: CommLog | None = None) -> torch.Tensor:
-    """Attention of this rank's contiguous sequence block by DeepSpeed-Ulysses: all-to-all, local attention, back.
+def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      causal: bool = False, group: dist.ProcessGroup | None = None,
+                      log: CommLog | None = None) -> torch.Tensor:
+    """This rank's contiguous block by DeepSpeed-Ulysses: all-to-all, attend, back.
 
-    Shapes: q (B, h, L/N, d); k, v (B, h_kv, L/N, d) -> (B, h, L/N, d); h and h_kv divisible by N.
-    Collective: every rank of ``group`` calls it with the same shapes.
+    Shapes: q (B, h, L/N, d); k, v (B, h_kv, L/N, d) -> (B, h, L/N, d);
+    h and h_kv divisible by N. Collective: every rank of ``group`` calls it.
     """
     _check_qkv(q, k, v)
     check_heads(q.shape[1], k.shape[1], dist.get_world_size(group))
     log = CommLog() if log is None else log
-    # (B, h, L/N, d) -> (B, h/N, L, d), and the same for k and v with h_kv
-    q, k, v = (_AllToAll.apply(t, True, group, log, "all-to-all forward") for t in (q, k, v))
-    z = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal,
-                                                         enable_gqa=q.shape[1] != k.shape[1])
-    return _AllToAll.apply(z, False, group, log, "all-to-all forward")  # (B, h/N, L, d) -> (B, h, L/N, d)
+    op = "all-to-all forward"
+    # (B, h, L/N, d) -> (B, h/N, L, d); k and v alike with h_kv
+    q, k, v = (_AllToAll.apply(t, True, group, log, op) for t in (q, k, v))
+    z = F.scaled_dot_product_attention(q, k, v, is_causal=causal,
+                                       enable_gqa=q.shape[1] != k.shape[1])
+    # (B, h/N, L, d) -> (B, h, L/N, d)
+    return _AllToAll.apply(z, False, group, log, op)

@@ -20,10 +20,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from mha_lab.cpu.memory import online_softmax_step
-
-__all__ = ["zigzag_chunks", "shard_sequence", "unshard_sequence", "ring_source", "ring_part", "rank_partials",
-           "ring_attention"]
+__all__ = ["zigzag_chunks", "shard_sequence", "unshard_sequence", "ring_source", "ring_part", "block_state",
+           "merge_states", "rank_partials", "ring_attention"]
 
 def _check_ranks(world_size: int, rank: int | None = None) -> None:
     if world_size < 1:
@@ -88,38 +86,77 @@ def ring_part(world_size: int, rank: int, step: int, causal: bool) -> str:
     return "first keys" if source < rank else "second queries"
 
 
-def rank_partials(Q: np.ndarray, K_blocks: Sequence[np.ndarray], V_blocks: Sequence[np.ndarray], rank: int,
-                  causal: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Rank ``rank``'s running state (m, l, acc) after the ring has brought it every key/value block.
+def block_state(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool = False
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    r"""The online softmax's state of queries ``q`` over one key/value block.
 
-    Shapes: Q (B, h, L/N, d), this rank's queries (zigzag-ordered when causal); K_blocks, V_blocks:
-    the N ranks' blocks (B, h, L/N, d), indexed by the rank that holds them first ->
-    m, l (B, h, L/N, 1); acc (B, h, L/N, d).
+    .. math:: s = q k^\top / \sqrt{d},\ m = \max_j s_j,\
+              \ell = \sum_j e^{s_j - m},\ \mathrm{acc} = \sum_j e^{s_j - m} v_j
+
+    Shapes: q (..., Lq, d); k, v (..., Lk, d) -> m, l (..., Lq, 1);
+    acc (..., Lq, d). ``causal``: Lq = Lk and query i sees keys 0..i
+    (a rank's own zigzag chunks, in their order). Not normalised.
     """
-    n = len(K_blocks)
-    Q = Q / np.sqrt(Q.shape[-1])
-    m = np.full(Q.shape[:-1] + (1,), -np.inf)  # (B, h, L/N, 1)
-    l, acc = np.zeros_like(m), np.zeros(Q.shape[:-1] + (V_blocks[0].shape[-1],))
-    half = Q.shape[-2] // 2
-    for step in range(n):
-        source, part = ring_source(n, rank, step), ring_part(n, rank, step, causal)
+    s = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])  # (..., Lq, Lk)
+    if causal:
+        s = np.where(np.tril(np.ones(s.shape[-2:], bool)), s, -np.inf)
+    m = s.max(axis=-1, keepdims=True)  # (..., Lq, 1): a key for every row
+    p = np.exp(s - m)
+    return m, p.sum(axis=-1, keepdims=True), p @ v
+
+
+def merge_states(m_a: np.ndarray, l_a: np.ndarray, acc_a: np.ndarray,
+                 m_b: np.ndarray, l_b: np.ndarray, acc_b: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    r"""Two states of the same queries over different keys, as one.
+
+    .. math:: m = \max(m_a, m_b),\ \ell = e^{m_a - m} \ell_a + e^{m_b - m} \ell_b,\
+              \mathrm{acc} = e^{m_a - m} \mathrm{acc}_a + e^{m_b - m} \mathrm{acc}_b
+
+    Shapes: m, l (..., L, 1); acc (..., L, d), both states alike.
+    (``split_k.merge_partials`` merges S states at once and normalises;
+    ``memory.online_softmax_step`` folds raw scores into a state.)
+    """
+    m = np.maximum(m_a, m_b)
+    a, b = np.exp(m_a - m), np.exp(m_b - m)  # each rescaled to the larger max
+    return m, a * l_a + b * l_b, a * acc_a + b * acc_b
+
+
+def rank_partials(Q: np.ndarray, K_blocks: Sequence[np.ndarray],
+                  V_blocks: Sequence[np.ndarray], rank: int,
+                  causal: bool = False) -> tuple[np.ndarray, ...]:
+    """Rank ``rank``'s state (m, l, acc) once the ring has brought it every block.
+
+    Shapes: Q (B, h, L/N, d), its queries (zigzag order when causal);
+    K_blocks, V_blocks: the N ranks' blocks (B, h, L/N, d), indexed by the
+    rank that holds them first -> m, l (B, h, L/N, 1); acc (B, h, L/N, d).
+    """
+    n, half = len(K_blocks), Q.shape[-2] // 2
+    # step 0: its own block
+    m, l, acc = block_state(Q, K_blocks[rank], V_blocks[rank], causal)
+    for step in range(1, n):
+        source = ring_source(n, rank, step)
+        part = ring_part(n, rank, step, causal)
         K, V = K_blocks[source], V_blocks[source]
-        rows = slice(half, None) if part == "second queries" else slice(None)
-        if part == "first keys":
-            K, V = K[..., :half, :], V[..., :half, :]
-        s = Q[..., rows, :] @ np.swapaxes(K, -1, -2)  # (B, h, rows, keys)
-        if part == "causal":  # own chunks, zigzag-ordered: the concatenation is causal in itself
-            s = np.where(np.tril(np.ones(s.shape[-2:], bool)), s, -np.inf)
-        m[..., rows, :], l[..., rows, :], acc[..., rows, :] = online_softmax_step(
-            m[..., rows, :], l[..., rows, :], acc[..., rows, :].copy(), s, V)
+        if part == "first keys":  # a lower rank: its early chunk only
+            new = block_state(Q, K[..., :half, :], V[..., :half, :])
+            m, l, acc = merge_states(m, l, acc, *new)
+        elif part == "second queries":  # a higher rank: our late chunk only
+            late = slice(half, None)
+            new = block_state(Q[..., late, :], K, V)
+            m[..., late, :], l[..., late, :], acc[..., late, :] = merge_states(
+                m[..., late, :], l[..., late, :], acc[..., late, :], *new)
+        else:
+            m, l, acc = merge_states(m, l, acc, *block_state(Q, K, V))
     return m, l, acc
 
 
-def ring_attention(Q: np.ndarray, K: np.ndarray, V: np.ndarray, world_size: int, causal: bool = False) -> np.ndarray:
-    """Attention of the whole sequence computed by ring attention on ``world_size`` simulated ranks.
+def ring_attention(Q: np.ndarray, K: np.ndarray, V: np.ndarray, world_size: int,
+                   causal: bool = False) -> np.ndarray:
+    """Attention of the sequence by ring attention on ``world_size`` simulated ranks.
 
-    Shapes: Q, K, V (B, h, L, d) -> (B, h, L, d); equals ``scaled_dot_product_attention`` (with the
-    causal mask when ``causal``). Causal uses the zigzag split, so L must divide into 2N chunks.
+    Shapes: Q, K, V (B, h, L, d) -> (B, h, L, d); equals plain attention (with
+    the causal mask when ``causal``, on the zigzag split: L divides into 2N).
     """
     blocks = [shard_sequence(x, world_size, zigzag=causal) for x in (Q, K, V)]
     outs = []
