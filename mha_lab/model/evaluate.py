@@ -20,7 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from mha_lab.model import corpus
+from mha_lab.model import MEASUREMENTS, WEIGHTS, corpus
 from mha_lab.model.caches import (
     fake_quant_core,
     kivi_bytes_per_token,
@@ -28,13 +28,12 @@ from mha_lab.model.caches import (
     streaming_core,
     uniform_bytes_per_token,
 )
-from mha_lab.model.train import GQA, LONG, WEIGHTS, load
+from mha_lab.model.train import GQA, LONG, load
 from mha_lab.model.transformer import SCALINGS, VOCAB, ByteLM, Core, Rope, causal_core, eager_core, pool_kv_heads
 
 __all__ = ["MEASUREMENTS", "EVAL", "token_nll", "perplexity", "attention_to_first", "recompute_nll",
            "streaming_table", "quantized_table", "long_context_table", "gqa_table", "measure", "main"]
 
-MEASUREMENTS = Path(__file__).resolve().parent / "measurements.json"
 EVAL = {"docs": 8, "stream": 4, "window": 64, "sinks": 4, "group": 32, "residuals": (128, 32), "lengths": (1, 2, 4, 8)}
 """``docs`` held-out files; streams of ``stream`` x the training length; StreamingLLM's window and sinks;
 KIVI's group and residuals (the paper's 128, and one group); the context lengths, in training lengths,

@@ -26,13 +26,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mha_lab.model import corpus
+from mha_lab.model import WEIGHTS, corpus
 from mha_lab.model.transformer import SCALINGS, ByteLM, Config, Rope, pool_kv_heads
 
 __all__ = ["WEIGHTS", "PRETRAIN", "VARIANTS", "lr_at", "train_steps", "pretrain", "validation_loss", "save",
            "load", "sha256", "main"]
 
-WEIGHTS = Path(__file__).resolve().parent / "weights"
 PRETRAIN = {"steps": 500, "batch": 16, "lr": 3e-3, "warmup": 30, "seed": 0}
 """Pretraining's recipe: AdamW (betas 0.9, 0.95, weight decay 0.01), linear warm-up, cosine decay to lr/10,
 gradients clipped at norm 1; ``batch`` windows of ``Config.train_len`` tokens a step."""

@@ -196,25 +196,27 @@ class Block(nn.Module):
 
 
 def pool_kv_heads(model: ByteLM, num_kv_heads: int) -> ByteLM:
-    r"""A copy of ``model`` whose K/V heads are mean-pooled into ``num_kv_heads`` (the GQA paper's conversion).
+    r"""A copy of ``model`` with its K/V heads mean-pooled into ``num_kv_heads``.
 
-    Adjacent heads g*n .. g*n + n - 1 (n = h_kv / h_kv') become head g, so query head i, which read
-    head i // (h / h_kv), now reads i // (h / h_kv'):
+    The GQA paper's conversion: adjacent heads gn .. gn + n - 1 (n = h_kv / h_kv')
+    become head g, so query head i still reads the pool of the head it read.
 
-    .. math:: W_K'^{(g)} = \frac{1}{n} \sum_{j < n} W_K^{(g n + j)}, \quad \text{likewise } W_V
+    .. math:: W_K'^{(g)} = \frac{1}{n} \sum_{j < n} W_K^{(gn + j)},
+              \quad \text{likewise } W_V
 
     Shapes: W_K, W_V (d_model, h_kv d_k) -> (d_model, h_kv' d_k).
     """
     cfg = model.cfg
     if num_kv_heads < 1 or cfg.num_kv_heads % num_kv_heads:
-        raise ValueError(f"{cfg.num_kv_heads} K/V heads cannot be pooled evenly into {num_kv_heads}")
-    n = cfg.num_kv_heads // num_kv_heads
+        raise ValueError(f"{cfg.num_kv_heads} K/V heads cannot be pooled evenly "
+                         f"into {num_kv_heads}")
+    n, d_k = cfg.num_kv_heads // num_kv_heads, cfg.head_dim
     arrays = model.state_arrays(np.float32)
     for name in [k for k in arrays if k.endswith(("attn.W_K", "attn.W_V"))]:
-        d_model = arrays[name].shape[0]
-        # (d_model, h_kv * d_k) -> (d_model, h_kv', n, d_k) -> mean over n -> (d_model, h_kv' * d_k)
-        grouped = arrays[name].reshape(d_model, num_kv_heads, n, cfg.head_dim)
-        arrays[name] = grouped.mean(axis=2).reshape(d_model, num_kv_heads * cfg.head_dim)
+        W = arrays[name]
+        # (d_model, h_kv d_k) -> (d_model, h_kv', n, d_k) -> (d_model, h_kv' d_k)
+        grouped = W.reshape(W.shape[0], num_kv_heads, n, d_k)
+        arrays[name] = grouped.mean(axis=2).reshape(W.shape[0], num_kv_heads * d_k)
     pooled = ByteLM(Config(**{**cfg.as_dict(), "num_kv_heads": num_kv_heads}))
     return pooled.load_arrays(arrays).eval()
 
