@@ -229,9 +229,8 @@ class TestPs3MemoryEfficient(Class):
         """Each memory cell's reading, passed or not: in the grade sheet, in the feedback beside the student's
         own, and as a distribution in the class report."""
         cells = {"head_by_head_forward_memory", "chunked_attention_memory"}
-        for r in graded.values():
-            if r.cells and not r.error:
-                assert {c.grade_id for c in r.cells if c.memory} == cells, (r.student, r.cells)
+        for student in REFERENCE_STUDENTS:  # (a result that is wrong is not measured: no memory points)
+            assert {c.grade_id for c in graded[student].cells if c.memory} == cells, graded[student].cells
         sheet = graded.course / f"grades_{self.ASSIGNMENT}.csv"
         gradesheet.write_csv(list(graded.values()), sheet)
         row = {r["student"]: r for r in csv.DictReader(open(sheet, newline=""))}[REFERENCE_STUDENTS[0]]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -19,13 +20,14 @@ from typing import Any
 import nbformat
 from tqdm import tqdm
 
-from mha_lab.grading import abilities, judge, text, transport
+from mha_lab.grading import abilities, checks, judge, text, transport
 from mha_lab.grading import course as courses
 from mha_lab.grading.remote import RemoteSubmission
 from mha_lab.grading.sandbox import NOT_MEASURED, Limits, private_copy
 from mha_lab.grading.worker import OUTPUT_CHARS
 
-__all__ = ["CellResult", "StudentResult", "grade_submission", "grade_packed", "record", "dask_client", "grade_class"]
+__all__ = ["CellResult", "StudentResult", "MEMORY_READING", "memory_reading", "grade_submission", "grade_packed",
+           "record", "dask_client", "grade_class"]
 
 DEFAULT_LIMITS = Limits()
 GRACE_SECONDS = 30.0  # past a submission's deadline before its grading process is stopped from outside
@@ -41,6 +43,17 @@ class CellResult:
     max_score: float
     message: str = ""
     notebook: str = ""
+    memory: list[tuple[int | None, int]] = field(default_factory=list)  # (peak, budget) bytes of its memory checks
+
+
+MEMORY_READING = re.compile(r"peak (?P<peak>[\d.]+) MiB of a (?P<budget>[\d.]+) MiB budget")  # memory_reading's
+
+
+def memory_reading(readings: Iterable[tuple[int | None, int]]) -> str:
+    """The grader's memory readings of a tests cell, as the feedback, the grade sheet and the report give them:
+    "peak 9.93 MiB of a 12.00 MiB budget" (MiB = 2**20 bytes), or "not measured"."""
+    return "; ".join("not measured" if peak is None else f"peak {peak / 2**20:.2f} MiB of a {budget / 2**20:.2f} MiB "
+                     "budget" for peak, budget in readings)
 
 
 @dataclass
@@ -103,8 +116,13 @@ def grade_submission(folder: Path, releases: dict[str, dict], hidden: Path, limi
                     why = sandboxed.stopped or f"the submission ran past its {limits.seconds:.0f} s"
                     result.error, cell.message = result.error or why, f"{cell.grade_id}: not judged: {why}"
                 else:
-                    cell.message = judge.judge_cell(module, cell.grade_id, sandboxed)
+                    with checks.recording_memory() as readings:
+                        cell.message = judge.judge_cell(module, cell.grade_id, sandboxed)
+                    cell.memory = readings
                 cell.score = 0.0 if cell.message else cell.max_score
+                if cell.memory:  # beside the student's own reading, printed above by their visible test
+                    by_id[cell.grade_id].outputs.append(nbformat.v4.new_output("stream", name="stdout", text=(
+                        f"The grader measured, from outside your process: {memory_reading(cell.memory)}\n")))
                 if cell.message:
                     by_id[cell.grade_id].outputs.append(nbformat.v4.new_output(
                         "error", ename="HiddenCheckFailure", evalue=cell.message, traceback=[cell.message]))

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import copy
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import numpy as np
@@ -22,7 +24,8 @@ from mha_lab.measure import traced_memory
 from mha_lab.testing import tolerances
 
 __all__ = ["BUG_TAG", "MESSAGE_CHARS", "bug_ids", "clip", "fresh_inputs", "call", "call_with_peak", "call_replacing",
-           "invoke", "expect_array", "expect_close", "expect_true", "expect_within_budget", "retag", "SmoothLoss"]
+           "invoke", "expect_array", "expect_close", "expect_true", "expect_within_budget", "recording_memory", "retag",
+           "SmoothLoss"]
 
 
 BUG_TAG = re.compile(r"\[bug: ([a-z0-9]+(?:-[a-z0-9]+)*)\]")  # a likely bug's stable id, e.g. [bug: scale-d-model]
@@ -171,9 +174,27 @@ def expect_true(condition: bool, *, what: str, hint: str) -> None:
         raise AssertionError(f"{what}. Likely bug: {hint}")
 
 
+_READINGS: ContextVar[list | None] = ContextVar("mha_lab_memory_readings", default=None)
+
+
+@contextmanager
+def recording_memory() -> Iterator[list[tuple[int | None, int]]]:
+    """``with recording_memory() as readings:``: every ``expect_within_budget`` judged in the block, passed or not,
+    adds its ``(peak, budget)`` in bytes, so that the grader's reading goes on record beside the points."""
+    readings: list[tuple[int | None, int]] = []
+    token = _READINGS.set(readings)
+    try:
+        yield readings
+    finally:
+        _READINGS.reset(token)
+
+
 def expect_within_budget(peak: int | None, budget: int, *, what: str, hint: str) -> None:
     """Peak memory at most ``budget`` bytes, e.g. less than one full (B, h, L, L) score matrix; a peak of None
-    (a host that measures no memory: ``sandbox.memory_mode``) earns nothing, and says the instructor grades it."""
+    (a host that measures no memory: ``sandbox.memory_mode``) earns nothing, and says the instructor grades it.
+    The reading is recorded where ``recording_memory`` asks for it."""
+    if (readings := _READINGS.get()) is not None:
+        readings.append((peak, budget))
     if peak is None:
         raise AssertionError(f"{what}: {NOT_MEASURED}, so the grader gives no points here: the instructor grades "
                              "this cell by hand [bug: memory-not-measured]")

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from mha_lab.grading.batch import StudentResult
+from mha_lab.grading.batch import StudentResult, memory_reading
 from mha_lab.instructor import spreadsheet
 from mha_lab.instructor.term import Late
 
@@ -21,7 +21,7 @@ __all__ = ["FIELDS", "summary_table", "write_csv"]
 
 # seconds_late: the unit of nbgrader's total_seconds_late and of grades_long.csv (export --long), written as it is
 FIELDS = ["student", "status", "score", "max_score", "timestamp", "seconds_late", "penalty", "final_score", "error",
-          "note", "failed", "memory", "queue_s", "run_s", "judge_s"]
+          "note", "failed", "memory", "memory_peak", "queue_s", "run_s", "judge_s"]
 REASON_CHARS = 90  # of a reason in the summary; the whole message is in the CSV
 WIDTH = 100  # columns of the summary: no line wraps on a terminal
 STUDENT_CHARS = 24  # of a student's id in the summary
@@ -125,6 +125,8 @@ def write_csv(results: Sequence[StudentResult], path: Path, everyone: Iterable[s
                            "seconds_late": str(float(when.seconds_late)) if when else "", **graded, "error": r.error,
                            "note": "; ".join(filter(None, [r.note, when.problem if when else ""])),
                            "failed": _failures(r), "memory": r.memory,
+                           "memory_peak": "; ".join(f"{c.grade_id}: {memory_reading(c.memory)}" for c in r.cells
+                                                    if c.memory),
                            **{f"{k}_s": f"{v:.2f}" for k, v in r.timings.items()}}
     with open(path, "w", newline="") as f:
         writer = spreadsheet.DictWriter(f, FIELDS, extrasaction="ignore")

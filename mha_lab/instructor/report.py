@@ -32,6 +32,7 @@ import nbformat
 import numpy as np
 
 from mha_lab.grading import checks, course, judge
+from mha_lab.grading.batch import MEMORY_READING
 from mha_lab.instructor import similarity, spreadsheet
 
 __all__ = ["TestsCell", "ClassData", "read_class", "cell_statistics", "misconceptions", "blank_answers", "build",
@@ -266,8 +267,9 @@ def build(root: Path, assignment: str) -> Path:
     flagged = [p for p in pairs if p.flagged]
     svg = _histogram_svg(data)
     (out / "scores.svg").write_text(svg)  # the figure of report.md; index.html has it inline
-    (out / "report.md").write_text(_markdown(data, counts, stats, groups, blanks, flagged))
-    (out / "index.html").write_text(_html(data, counts, stats, groups, blanks, flagged, svg))
+    memory = memory_rows(root / f"grades_{assignment}.csv")
+    (out / "report.md").write_text(_markdown(data, counts, stats, groups, blanks, flagged, memory))
+    (out / "index.html").write_text(_html(data, counts, stats, groups, blanks, flagged, svg, memory))
     return out
 
 
@@ -286,6 +288,31 @@ def _memory_modes(grades: Path) -> str:
     with open(grades, newline="") as f:
         modes = sorted({row.get("memory") or "" for row in spreadsheet.DictReader(f)} - {""})
     return "; ".join(modes) or "unknown"
+
+
+def memory_rows(grades: Path) -> list[tuple[str, ...]]:
+    """Per tests cell that measures memory, the grader's readings over the graded students (``grades_<a>.csv``'s
+    ``memory_peak``): students measured, smallest, median and largest peak, the budget, how many were over it."""
+    if not grades.is_file():
+        return []
+    found: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    with open(grades, newline="") as f:
+        for row in spreadsheet.DictReader(f):
+            for part in filter(None, (row.get("memory_peak") or "").split("; ")):
+                cell, _, reading = part.partition(": ")
+                if m := MEMORY_READING.fullmatch(reading):
+                    found[cell].append((float(m["peak"]), float(m["budget"])))
+    rows = []
+    for cell, readings in sorted(found.items()):
+        peaks = np.array([p for p, _ in readings])
+        budgets = sorted({b for _, b in readings})
+        rows.append((cell, str(len(peaks)), f"{peaks.min():.2f}", f"{np.median(peaks):.2f}", f"{peaks.max():.2f}",
+                     " / ".join(f"{b:.2f}" for b in budgets), str(sum(p > b for p, b in readings))))
+    return rows
+
+
+MEMORY_HEAD = ["cell", "students measured", "smallest peak (MiB)", "median peak (MiB)", "largest peak (MiB)",
+               "budget (MiB)", "over budget"]
 
 
 def _table_rows(stats: Sequence[dict]) -> list[tuple[str, ...]]:
@@ -318,10 +345,13 @@ def _blank_rows(blanks: Sequence[dict]) -> list[list[str]]:
     return [[b["task"], str(len(b["students"])), ", ".join(b["students"])] for b in blanks]
 
 
+MEMORY_NOTE = ("The grader's peak readings, from outside each student's process (MiB = 2**20 bytes), over the "
+               "graded students whose result was right; every reading is in grades_<assignment>.csv (memory_peak).")
 BLANK_NOTE = "Tasks left as released (every check says not implemented): counted here, not as misconceptions."
 
 
-def _markdown(data: ClassData, counts: dict, stats: list, groups: list, blanks: list, flagged: list) -> str:
+def _markdown(data: ClassData, counts: dict, stats: list, groups: list, blanks: list, flagged: list,
+              memory: list) -> str:
     finals, totals = list(data.finals.values()), list(data.totals.values())
     lines = [f"# Class report: {data.assignment}", "",
              ", ".join(f"{k}: {v}" for k, v in counts.items()) + (f"; mean final score {np.mean(finals):.2f} of "
@@ -332,6 +362,10 @@ def _markdown(data: ClassData, counts: dict, stats: list, groups: list, blanks: 
              "(scores.svg)", "", "## Tests cells", "", "| cell | task | points | pass rate | discrimination |",
              "|---|---|---|---|---|"]
     lines += [_md_row(row) for row in _table_rows(stats)]
+    if memory:
+        lines += ["", "## Measured memory", "", MEMORY_NOTE, "", _md_row(MEMORY_HEAD),
+                  "|" + "---|" * len(MEMORY_HEAD)]
+        lines += [_md_row(row) for row in memory]
     lines += ["", "## Misconceptions", "", "| students | task | bug | what the checks say | who |",
               "|---|---|---|---|---|"]
     lines += [_md_row([str(len(g["students"])), g["task"], _group_label(g), "; ".join(g["says"].values()),
@@ -361,7 +395,8 @@ def _html_table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + f"</tr>{cells}</table>"
 
 
-def _html(data: ClassData, counts: dict, stats: list, groups: list, blanks: list, flagged: list, svg: str) -> str:
+def _html(data: ClassData, counts: dict, stats: list, groups: list, blanks: list, flagged: list, svg: str,
+          memory: list) -> str:
     e = html.escape
     parts = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>Class report: {e(data.assignment)}"
              f"</title><style>{CSS}</style></head><body><h1>Class report: {e(data.assignment)}</h1>",
@@ -370,6 +405,7 @@ def _html(data: ClassData, counts: dict, stats: list, groups: list, blanks: list
              f"students (points out of {data.max_score:g}, after late penalties).</figcaption></figure>",
              "<h2>Tests cells</h2>",
              _html_table(["cell", "task", "points", "pass rate", "discrimination"], _table_rows(stats)),
+             *([f"<h2>Measured memory</h2><p>{MEMORY_NOTE}</p>", _html_table(MEMORY_HEAD, memory)] if memory else []),
              "<h2>Misconceptions</h2>",
              _html_table(["students", "task", "bug", "what the checks say", "who"],
                          [[str(len(g["students"])), g["task"], _group_label(g), "; ".join(g["says"].values()),
