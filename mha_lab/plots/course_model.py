@@ -33,16 +33,22 @@ def plot_long_context(tables: Mapping[str, Mapping[str, Mapping[str, float]]], t
                       names: Mapping[str, str], lengths: Sequence[int]) -> Figure:
     """Perplexity against the context length (bytes), one panel per table (before and after the fine-tune),
     one line per RoPE scaling; the dotted line is the training length."""
-    fig, axes = new_figure(3.3, 1, len(tables), sharey=True)
+    fig, axes = new_figure(3.3, 1, len(tables))
+    values = [row[str(n)] for table in tables.values() for row in table.values() for n in lengths]
+    wide = max(values) / min(values) > 3  # a log scale only where it shows more than a few labels
     for ax, (title, table) in zip(np.atleast_1d(axes), tables.items(), strict=True):
         for method, row in table.items():
-            ax.loglog(lengths, [row[str(n)] for n in lengths], "o-", label=names[method])
+            ax.plot(lengths, [row[str(n)] for n in lengths], "o-", label=names[method])
         ax.axvline(train_len, color="black", linestyle=":", label="training length")
+        ax.set_xscale("log", base=2)
         ax.set(title=title, xlabel="context length (bytes)")
         ax.set_xticks(lengths, [f"{n:,}" for n in lengths])
         ax.minorticks_off()
-        log_ticks(ax.yaxis)
         ax.grid(True, alpha=0.3)
-    np.atleast_1d(axes)[0].set_ylabel("perplexity per byte")
+        if wide:
+            ax.set_yscale("log")
+            log_ticks(ax.yaxis)
+    for ax in np.atleast_1d(axes):
+        ax.set_ylabel("perplexity per byte")
     legend_outside(np.atleast_1d(axes)[0], "below", ncols=3)
     return check(fig)
