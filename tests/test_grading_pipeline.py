@@ -189,6 +189,12 @@ class Class:
         assert all(b["students"] == [RELEASE_STUDENT] for b in blanks), blanks
         md = (out / "report.md").read_text()
         assert "## Misconceptions" in md and "## Blank answers" in md
+        sheet = course / f"grades_{a}.csv"  # the grade sheet names each bug too
+        gradesheet.write_csv(list(graded.values()), sheet)
+        rows = {r["student"]: r for r in csv.DictReader(open(sheet, newline=""))}
+        for i, m in enumerate(mutants(a)):
+            row = rows[mutant_student(i)]
+            assert not m.bug or f"[bug: {m.bug}]" in row["failed"], (m.name, row["failed"])
 
     def test_has_three_correct_variants(self):
         found = variants(self.ASSIGNMENT)
