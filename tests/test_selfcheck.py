@@ -3,9 +3,11 @@
 Three layers: the chapters' sources (each chapter has a "Self-check" section of 3-5 questions before
 its exercises); the directive on a one-page project built here in seconds (it renders, refuses a
 malformed question, and in headless Chromium marks a wrong answer wrong and the right one right);
-and the built site, where every question of every chapter is answered wrong, then right, offline and
-without a console error: ``chapter_self_checks``, run by test_site.py's check of every page on each chapter
-it has loaded (a second pass over the chapters would load and typeset each one again).
+and the built site, where every question of every chapter is answered wrong, then right, with the keyboard
+alone (Tab to reach a control, Space or Enter to press it, typing into the number box), offline and without a
+console error: ``chapter_self_checks``, run by test_site.py's check of every page on each chapter it has loaded
+(a second pass over the chapters would load and typeset each one again). That check audits the answered page
+with axe-core as well: the choices are real buttons in list items, each named, the verdict a live region.
 """
 
 from __future__ import annotations
@@ -139,6 +141,7 @@ def test_a_question_renders_with_its_answer_folded(tmp_path):
     (":::{self-check} Q?\n:answer: 3\n- a\n- b\n\nWhy.\n:::\n", {}, ":answer: 3 is not one of the 2 choices"),
     (":::{self-check} Q?\n:answer: 1\nWhy first.\n\n- a\n- b\n:::\n", {}, "starts its content with a bullet list"),
     (":::{self-check} Q?\n:answer: 1\n- a\n- b\n:::\n", {}, "needs a why"),
+    (":::{self-check} Q?\n:answer: 1\n- a\n\n  more\n- b\n\nWhy.\n:::\n", {}, "each choice of a self-check is one"),
     (":::{self-check} Q?\n:number: nope\n\nWhy.\n:::\n", {}, "No key 'nope' found"),
     (":::{self-check} Q?\n:number: word\n\nWhy.\n:::\n", {"word": "many"}, "is not a number"),
     (":::{self-check} Q?\n:number: x\n:tolerance: 2\n\nWhy.\n:::\n", {"x": 1.0}, "between 0 and 1"),
@@ -187,14 +190,50 @@ STATE_JS = """box => {
     const answer = details && details.querySelector('p');
     return {question: (box.querySelector('.self-check-question') || {}).innerText || '', choices,
             setUp: Boolean(feedback && details), verdict: feedback && feedback.getAttribute('data-verdict'),
+            announced: Boolean(feedback && feedback.getAttribute('aria-live') === 'polite'),
             feedback: feedback && feedback.innerText, open: Boolean(details && details.open),
             answer: answer ? answer.textContent : ''};
 }"""  # what a reader sees of one self-check, read in one round trip to the browser
 
+# Which of a self-check's controls has the keyboard's focus: "choice 2" (its third choice's button), "input", "check"
+# (the number's Check button), "summary", another element of the box by its tag, or "outside" the box.
+FOCUS_JS = """box => {
+    const a = document.activeElement;
+    if (!box.contains(a)) return 'outside';
+    const choices = [...box.querySelectorAll('ol.self-check-choices > li > button')];
+    if (choices.includes(a)) return `choice ${choices.indexOf(a)}`;
+    if (a.matches('form.self-check-form input')) return 'input';
+    if (a.matches('form.self-check-form button')) return 'check';
+    return a.tagName.toLowerCase();
+}"""
+MAX_TABS = 6  # Tab presses allowed from a question's text to its first control (links in the question come first)
+
+
+def tab_to(page, box, control: str) -> str:
+    """Press Tab until ``control`` of ``box`` has the focus; return where the focus is at the end."""
+    where = box.evaluate(FOCUS_JS)
+    for _ in range(MAX_TABS):
+        if where == control:
+            break
+        page.keyboard.press("Tab")
+        where = box.evaluate(FOCUS_JS)
+    return where
+
+
+def walk(page, box, start: int, end: int) -> str:
+    """From choice ``start``, press Tab (or Shift+Tab) to choice ``end``, one choice a key; '' or what went wrong."""
+    key, step = ("Tab", 1) if end > start else ("Shift+Tab", -1)
+    for k in range(start + step, end + step, step):
+        page.keyboard.press(key)
+        if (where := box.evaluate(FOCUS_JS)) != f"choice {k}":
+            return f"{key} from choice {k - step} leads to {where}, not to choice {k}"
+    return ""
+
 
 def answer_every_question(page) -> list[str]:
-    """Answer each self-check wrong, then right (clicks and keys as a reader gives them); return what did not
-    behave as it should."""
+    """Answer each self-check wrong, then right, with the keyboard alone (Tab, Shift+Tab, Space, Enter and typing,
+    as a reader without a mouse does); return what did not behave as it should. The reader's place is set on each
+    question's text first, as reading it would leave it; from there only keys are pressed."""
     problems = []
     for i in range(page.locator("div.self-check").count()):
         box = page.locator("div.self-check").nth(i)
@@ -204,28 +243,46 @@ def answer_every_question(page) -> list[str]:
         if not state["setUp"]:
             problems.append(f"{name}: not set up (no feedback line or no folded answer)")
             continue
+        if not state["announced"]:
+            problems.append(f"{name}: the verdict is not a polite live region (aria-live), so it is not read out")
+        box.evaluate("b => { const q = b.querySelector('.self-check-question'); q.tabIndex = -1; q.focus(); }")
         if box.get_attribute("data-kind") == "choice":
-            right = int(box.get_attribute("data-answer"))
-            choices = box.locator("ol.self-check-choices > li")
-            wrong = 0 if right != 1 else 1
-            choices.nth(wrong).click()
+            right = int(box.get_attribute("data-answer")) - 1
+            wrong = 0 if right != 0 else 1
+            if (where := tab_to(page, box, "choice 0")) != "choice 0":
+                problems.append(f"{name}: Tab does not reach the first choice's button (focus: {where})")
+                continue
+            if problem := walk(page, box, 0, wrong):
+                problems.append(f"{name}: {problem}")
+                continue
+            page.keyboard.press("Space")
             state = box.evaluate(STATE_JS)
             if "self-check-wrong" not in state["choices"][wrong] or state["verdict"] != "wrong" or state["open"]:
-                problems.append(f"{name}: a wrong choice is not marked wrong")
-            choices.nth(right - 1).click()
+                problems.append(f"{name}: a wrong choice, pressed with Space, is not marked wrong")
+            if problem := walk(page, box, wrong, right):
+                problems.append(f"{name}: {problem}")
+                continue
+            page.keyboard.press("Enter")
             state = box.evaluate(STATE_JS)
-            if "self-check-right" not in state["choices"][right - 1] or "self-check-wrong" in state["choices"][wrong]:
-                problems.append(f"{name}: the right choice is not marked right")
+            if "self-check-right" not in state["choices"][right] or "self-check-wrong" in state["choices"][wrong]:
+                problems.append(f"{name}: the right choice, pressed with Enter, is not marked right")
         else:
             shown = float(box.get_attribute("data-shown"))
-            field = box.locator("form.self-check-form input")
-            field.fill(repr(2 * shown + 1))
-            field.press("Enter")
+            if (where := tab_to(page, box, "input")) != "input":
+                problems.append(f"{name}: Tab does not reach the answer box (focus: {where})")
+                continue
+            page.keyboard.type(repr(2 * shown + 1))
+            page.keyboard.press("Enter")
             state = box.evaluate(STATE_JS)
             if state["verdict"] != "wrong" or state["open"]:
                 problems.append(f"{name}: {2 * shown + 1} is not marked wrong")
-            field.fill(state["answer"].split(": ", 1)[1].split()[0])
-            box.locator("form.self-check-form button").click()
+            page.keyboard.press("ControlOrMeta+A")
+            page.keyboard.type(state["answer"].split(": ", 1)[1].split()[0])
+            page.keyboard.press("Tab")
+            if (where := box.evaluate(FOCUS_JS)) != "check":
+                problems.append(f"{name}: Tab from the answer box leads to {where}, not to its Check button")
+                continue
+            page.keyboard.press("Space")
             state = box.evaluate(STATE_JS)
         if state["verdict"] != "right" or state["feedback"] != "Right.":
             problems.append(f"{name}: the right answer is not marked right ({state['feedback']!r})")
@@ -257,16 +314,19 @@ def test_wrong_answers_are_marked_wrong_and_right_ones_right(tmp_path, browser):
     try:
         context, page, errors, blocked = open_offline(browser, base, "index.html")
         choice, number = page.locator("div.self-check").nth(0), page.locator("div.self-check").nth(1)
-        choice.locator("li").nth(2).click()
+        # each choice is a button inside its list item, named by its letter and text
+        assert choice.locator("ol > li > button").count() == 3
+        choice.get_by_role("button", name="C. two", exact=True).click()
         assert "self-check-wrong" in choice.locator("li").nth(2).get_attribute("class")
-        assert choice.locator(".self-check-feedback").inner_text().startswith("Not this one")
-        choice.locator("li").nth(1).press("Enter")  # the keyboard works as well as the mouse
+        assert choice.get_by_role("status").inner_text() == "Not this one (C): try another, or show the answer."
+        choice.get_by_role("button", name="B. one", exact=True).click()
         assert "self-check-right" in choice.locator("li").nth(1).get_attribute("class")
+        assert choice.get_by_role("status").inner_text() == "Right."
         assert choice.locator("details").evaluate("d => d.open")
-        field = number.locator("input")
+        field = number.get_by_role("textbox", name="Your answer, in GiB")
         for typed, verdict, said in [("four", "none", "Enter a number"), ("3.95", "right", "Right."),
-                                     ("4.5", "wrong", "Not quite: too high"), ("3.5", "wrong", "Not quite: too low"),
-                                     ("4", "right", "Right.")]:
+                                     ("4.5", "wrong", "Not quite: 4.5 is too high"),
+                                     ("3.5", "wrong", "Not quite: 3.5 is too low"), ("4", "right", "Right.")]:
             field.fill(typed)
             field.press("Enter")
             assert number.locator(".self-check-feedback").get_attribute("data-verdict") == verdict, typed

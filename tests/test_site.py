@@ -8,7 +8,9 @@ wider than its column, no raw LaTeX or build plumbing in the text or in any link
 every chapter and a numbered caption under every figure. Text inside figures is at least 10 pt as
 displayed: ``mha_lab.plots`` checks each figure's text (and that its tick labels do not overlap) at
 its natural size when it saves it, and this test checks that no figure is shown smaller than that;
-the mermaid diagrams are checked here, for text size and overlapping labels. Screenshots land in
+the mermaid diagrams are checked here, for text size and overlapping labels. Every page is audited for
+accessibility (WCAG 2.0 and 2.1, levels A and AA) by axe-core, vendored in ``tests/vendor``: any serious or
+critical violation fails it. Screenshots land in
 ``_build/screenshots/``: the home, notation and first chapter pages, and chapters 2 and 3 and
 the tensor-parallel chapter at 1280 px and at phone width.
 """
@@ -38,6 +40,9 @@ SCREENSHOT_PAGES = ["book/intro.html", "book/notation.html", "book/01_intuition.
                     "book/03_reshape.html", "book/11_tensor_parallel.html"]
 PHONE_SCREENSHOT_PAGES = ["book/02_math.html", "book/03_reshape.html", "book/11_tensor_parallel.html"]
 CHAPTER = re.compile(r"book/\d\d_\w+\.html")
+AXE = Path(__file__).resolve().parent / "vendor" / "axe-core" / "axe.min.js"
+AXE_TAGS = ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa"]  # WCAG 2.1 AA: the rules of levels A and AA, 2.0 and 2.1
+AXE_BLOCKING = ("serious", "critical")  # axe's impacts that fail the check; "minor" and "moderate" do not
 SKIP_DIRS = {"_static", "_sources", "_images", "_downloads"}
 
 needs_chromium = pytest.mark.skipif(
@@ -221,11 +226,27 @@ def broken_links(links: list[str], base: str, root: Path) -> list[str]:
     return broken
 
 
+# axe-core's audit of the page as it stands, reduced to what the report prints: each rule broken, its impact, and the
+# elements that break it (as CSS selectors)
+AXE_RUN_JS = """tags => axe.run(document, {runOnly: {type: 'tag', values: tags}, resultTypes: ['violations']})
+  .then(r => r.violations.map(v => ({id: v.id, impact: v.impact, help: v.help,
+                                     targets: v.nodes.map(n => n.target.join(' '))})))"""
+
+
+def accessibility_problems(page) -> list[str]:
+    """The serious and critical WCAG 2.1 A/AA violations axe-core finds on ``page``, one line per rule broken."""
+    page.add_script_tag(path=str(AXE))
+    violations = page.evaluate(AXE_RUN_JS, AXE_TAGS)
+    return [f"accessibility (axe-core {v['id']}, {v['impact']}): {v['help']}: {len(v['targets'])} element(s), "
+            f"e.g. {', '.join(v['targets'][:3])}" for v in violations if v["impact"] in AXE_BLOCKING]
+
+
 def check_page(browser, base: str, root: Path, page_path: str, screenshot: Path | None,
                render_timeout_ms: int = 20_000, width: int = WIDTH,
-               then: Callable[[Any], list[str]] | None = None) -> list[str]:
+               then: Callable[[Any], list[str]] | None = None, audit: bool = True) -> list[str]:
     """Load one page offline at ``width`` px and return the list of problems found on it, with those ``then``
-    finds when it is handed the page after the checks (and the screenshot)."""
+    finds when it is handed the page after the checks (and the screenshot), and, with ``audit``, those axe-core
+    finds on the page as ``then`` leaves it (self-checks answered, their answers open)."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
     context = browser.new_context(viewport={"width": width, "height": 900})
@@ -262,6 +283,7 @@ def check_page(browser, base: str, root: Path, page_path: str, screenshot: Path 
         if screenshot is not None:
             page.screenshot(path=str(screenshot), full_page=True)
         found = then(page) if then is not None else []
+        found += accessibility_problems(page) if audit else []
     except Exception as exc:  # a timeout names the step that never finished
         return [f"{type(exc).__name__}: {str(exc).splitlines()[0]}"] + errors + [f"blocked {u}" for u in blocked]
     finally:
@@ -330,8 +352,8 @@ def test_every_page_renders_offline(built_site: Path, server: str, browser):
         if page_path in PHONE_SCREENSHOT_PAGES:  # the layout rules are for the desktop width; this is a look
             phone = shots / (re.sub(r"\W", "_", page_path.removesuffix(".html")) + "_phone.png")
             sizing = ("wider than the column", "too narrow", "below its natural size", "pt as displayed")
-            problems += [p for p in check_page(browser, server, built_site, page_path, phone, width=PHONE_WIDTH)
-                         if not any(s in p for s in sizing)]
+            problems += [p for p in check_page(browser, server, built_site, page_path, phone, width=PHONE_WIDTH,
+                                               audit=False) if not any(s in p for s in sizing)]
         if problems:
             failures[page_path] = problems
     report = "\n".join(f"{page}:\n  " + "\n  ".join(p) for page, p in failures.items())
@@ -379,6 +401,8 @@ BROKEN_PAGE = """<!DOCTYPE html><html><head><title>Broken</title></head><body><a
   <text x="10" y="50" font-size="16">a label</text><text x="14" y="52" font-size="16">on a label</text></svg></div>
 <mjx-container display="true" style="display: block; width: 200px; overflow: hidden">
   <span style="display: inline-block; width: 500px">x</span></mjx-container>
+<ol><li role="button" tabindex="0">a choice that is not a list item</li></ol>
+<p style="color: #999; background: #fff">grey on white, 2.8:1</p>
 <script>throw new Error("boom");</script>
 </article></body></html>"""
 
@@ -402,7 +426,8 @@ def test_checker_reports_every_kind_of_problem(tmp_path: Path, browser):
                      "table wider than the column", "error output on the page", "figure without a numbered caption",
                      "unrounded number in an output", "raw LaTeX in a link's text",
                      "figure shown below its natural size", "diagram 1: text of 3.6 pt", "diagram 1: labels overlap",
-                     "display equation wider than the column"]:
+                     "display equation wider than the column", "accessibility (axe-core image-alt, critical)",
+                     "accessibility (axe-core list, serious)", "accessibility (axe-core color-contrast, serious)"]:
         assert expected in problems, f"the checker missed {expected!r}; it reported:\n{problems}"
 
 

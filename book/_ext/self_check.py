@@ -33,9 +33,10 @@ with one hidden cell that glues the numbers its questions name (``tests/test_sel
 for 3-5 questions in every numbered chapter of ``_toc.yml``).
 
 The page stays readable without JavaScript: the answer and why are a closed ``<details>`` block.
-``book/_static/self-check.js`` turns the choices into buttons and adds an input box to number
-questions, marks an answer right or wrong and opens the answer once it is right;
-``book/_static/self-check.css`` styles them. Nothing is loaded from the network.
+``book/_static/self-check.js`` puts each choice in a button inside its list item (so each choice is
+one paragraph) and adds an input box to number questions, marks an answer right or wrong in a status
+line that screen readers announce, and opens the answer once it is right; all of it works from the
+keyboard alone. ``book/_static/self-check.css`` styles them. Nothing is loaded from the network.
 """
 
 from __future__ import annotations
@@ -119,12 +120,13 @@ class SelfCheck(SphinxDirective):
         right = self.options["answer"]
         if right > len(items) or len(items) > len(string.ascii_uppercase):
             raise self.error(f":answer: {right} is not one of the {len(items)} choices")
+        if not all(len(item) == 1 and isinstance(item[0], nodes.paragraph) for item in items):
+            raise self.error("each choice of a self-check is one paragraph (the page shows it inside a button)")
         choices = nodes.enumerated_list(enumtype="upperalpha", prefix="", suffix=".", classes=["self-check-choices"])
         choices += items
         box += choices
         box["data-kind"], box["data-answer"] = "choice", str(right)
-        first = items[right - 1].children[0]
-        text = [n.deepcopy() for n in (first.children if isinstance(first, nodes.paragraph) else [first])]
+        text = [n.deepcopy() for n in items[right - 1][0].children]
         return [nodes.Text(f"{string.ascii_uppercase[right - 1]}. "), *text]
 
     def _number(self, box: self_check) -> list[nodes.Node]:

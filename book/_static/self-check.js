@@ -1,8 +1,10 @@
 /* Self-checks (book/_ext/self_check.py): answer on the page, see at once whether the answer is right.
-   A choice question: each lettered choice becomes a button. A number question: an input box and a
-   Check button; the answer counts as right within the question's relative tolerance of the exact value
-   or of the value as shown. A right answer opens the answer-and-why block; a wrong one says so and
-   leaves it closed. Everything runs on the page: nothing is fetched. */
+   A choice question: each lettered choice becomes a button inside its list item. A number question: an
+   input box and a Check button; the answer counts as right within the question's relative tolerance of the
+   exact value or of the value as shown. A right answer opens the answer-and-why block; a wrong one says so
+   and leaves it closed. Everything works from the keyboard alone (Tab to a choice, Enter or Space to choose
+   it; type a number, Enter to check it), and the verdict is a status line that screen readers announce.
+   Everything runs on the page: nothing is fetched. */
 (function () {
   "use strict";
 
@@ -13,21 +15,29 @@
     if (verdict === "right") box.querySelector("details.self-check-answer").open = true;
   }
 
+  /* Each choice's paragraph moves into a button, after its letter: the list keeps its items, and the
+     button is named by what it shows ("B. one"). */
   function setUpChoices(box) {
     const right = Number(box.dataset.answer);
-    const items = [...box.querySelectorAll("ol.self-check-choices > li")];
+    const list = box.querySelector("ol.self-check-choices");
+    list.classList.add("self-check-buttons");
+    const items = [...list.children];
     items.forEach((item, i) => {
-      item.setAttribute("role", "button");
-      item.tabIndex = 0;
-      const choose = () => {
+      const letter = String.fromCharCode(65 + i);
+      const button = document.createElement("button");
+      button.type = "button";
+      button.className = "self-check-choice";
+      const mark = document.createElement("span");
+      mark.className = "self-check-letter";
+      mark.textContent = `${letter}.`;
+      const text = item.querySelector(":scope > p") || item;  // the directive makes each choice one paragraph
+      button.append(mark, " ", ...text.childNodes);
+      item.replaceChildren(button);
+      button.addEventListener("click", () => {
         items.forEach(other => other.classList.remove("self-check-right", "self-check-wrong"));
         const ok = i + 1 === right;
         item.classList.add(ok ? "self-check-right" : "self-check-wrong");
-        say(box, ok ? "Right." : "Not this one: try another, or show the answer.", ok ? "right" : "wrong");
-      };
-      item.addEventListener("click", choose);
-      item.addEventListener("keydown", e => {
-        if (e.key === "Enter" || e.key === " ") { e.preventDefault(); choose(); }
+        say(box, ok ? "Right." : `Not this one (${letter}): try another, or show the answer.`, ok ? "right" : "wrong");
       });
     });
   }
@@ -47,7 +57,8 @@
     input.type = "text";
     input.inputMode = "decimal";
     input.autocomplete = "off";
-    input.setAttribute("aria-label", "your answer");
+    input.setAttribute("aria-label", box.dataset.unit ? `Your answer, in ${box.dataset.unit}` : "Your answer");
+    input.setAttribute("aria-describedby", box.querySelector(".self-check-question").id);
     const unit = document.createElement("span");
     unit.className = "self-check-unit";
     unit.textContent = box.dataset.unit || "";
@@ -63,15 +74,18 @@
       const ok = near(exact) || near(shown);
       box.classList.toggle("self-check-right", ok);
       box.classList.toggle("self-check-wrong", !ok);
-      say(box, ok ? "Right." : `Not quite: ${x > exact ? "too high" : "too low"}. Try again, or show the answer.`,
-          ok ? "right" : "wrong");
+      // the number typed is part of the message, so that a second wrong try is announced too
+      say(box, ok ? "Right." : `Not quite: ${input.value.trim()} is ${x > exact ? "too high" : "too low"}. `
+          + "Try again, or show the answer.", ok ? "right" : "wrong");
     });
     box.querySelector(".self-check-question").after(form);
   }
 
-  function setUp(box) {
+  function setUp(box, n) {
+    box.querySelector(".self-check-question").id ||= `self-check-question-${n + 1}`;
     const feedback = document.createElement("p");
     feedback.className = "self-check-feedback";
+    feedback.setAttribute("role", "status");  // a polite live region: the verdict is read out when it changes
     feedback.setAttribute("aria-live", "polite");
     box.querySelector("details.self-check-answer").before(feedback);
     if (box.dataset.kind === "choice") setUpChoices(box);
