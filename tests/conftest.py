@@ -20,6 +20,10 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# pytest tests/test_grading_fuzz.py --hypothesis-profile grading-fuzz: the grader's fuzzer on more classes
+settings.register_profile("grading-fuzz", max_examples=30, deadline=None)
 
 ROOT = Path(__file__).resolve().parents[1]
 HTML = ROOT / "_build" / "html"

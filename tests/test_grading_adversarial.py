@@ -136,12 +136,20 @@ def _rss(pid: int) -> int:
 
 
 def _files(root: Path, skip: re.Pattern | None = None) -> dict[str, str]:
-    """relative path -> sha256 of every file under root (links by their target, not followed)."""
-    found = {}
-    for folder, dirs, names in os.walk(root):
-        rel = Path(folder).relative_to(root)
-        dirs[:] = [d for d in dirs if d != "__pycache__" and not (skip and rel == Path(".") and skip.match(d))]
-        for name in names:
+    """relative path -> sha256 of every file under root (links by their target, not followed); iterative, as a
+    submission's folders may be thousands of levels deep."""
+    found, stack = {}, [Path(root)]
+    while stack:
+        folder = stack.pop()
+        rel = folder.relative_to(root)
+        try:
+            with os.scandir(folder) as entries:
+                items = list(entries)
+        except OSError:  # a path longer than the system allows: as os.walk, leave it out
+            continue
+        stack += [Path(e.path) for e in items if e.is_dir(follow_symlinks=False) and e.name != "__pycache__"
+                  and not (skip and rel == Path(".") and skip.match(e.name))]
+        for name in (e.name for e in items if not e.is_dir(follow_symlinks=False)):
             if skip and rel == Path(".") and skip.match(name):
                 continue
             path = Path(folder) / name
@@ -161,6 +169,13 @@ def _snapshot(course: Path) -> dict[str, dict[str, str]]:
     shot = {str(REPO / p): _files(REPO / p) for p in PROTECTED}
     shot[str(course)] = _files(course, skip=GRADER_OUTPUTS)
     return shot
+
+
+def _remove_deep(root: Path) -> None:
+    """Remove the chains of folders named ``deeper`` an attack left under ``root``: shutil.rmtree, which pytest
+    cleans its folders with, would recurse past Python's limit."""
+    for top in list(root.glob("*/*/deeper")):
+        classroom.remove_tree(top)
 
 
 def _changes(before: dict[str, dict[str, str]], after: dict[str, dict[str, str]]) -> list[str]:
@@ -354,6 +369,7 @@ def grade_batch(root: Path, assignment: str) -> Batch:
         _restore(backup, [p for paths in batch.written.values() for p in paths])
         batch.planted = {s: _planted(m) for s, m in markers.items()}
     finally:
+        _remove_deep(course / "submitted")
         peaks = watch.stop()
         listener.close()
         for paths in batch.planted.values():
@@ -466,6 +482,10 @@ class TestPs3MemoryEfficient(Attacked):
 
 class TestPs4Backward(Attacked):
     ASSIGNMENT = "ps4_backward"
+
+
+class TestPs5Decoding(Attacked):
+    ASSIGNMENT = "ps5_decoding"
 
 
 def test_every_assignment_attacked_has_its_class():

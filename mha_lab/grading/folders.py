@@ -2,9 +2,9 @@
 
 Every walk of a submission goes through ``walk``: iterative (a folder thousands of levels deep costs no
 recursion), never following links, never opening anything but regular files, and bounded while it walks: at most
-``Caps.depth`` levels, ``Caps.entries`` entries (each folder is read only up to what is left of that) and
-``Caps.bytes`` bytes of files in all. What lies past a cap is left out and said so, each reason once: the rest
-of the folder is graded as usual.
+``Caps.depth`` levels, ``Caps.entries`` entries (each folder is read only up to what is left of that),
+``Caps.bytes`` bytes of files in all and paths of ``Caps.path`` bytes. What lies past a cap is left out and said
+so, each reason once: the rest of the folder is graded as usual.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ class Caps:
     depth: int = 32  # levels of folders below the submission folder
     entries: int = 10_000  # files, folders and links
     bytes: int = 256 * 2**20  # of the files, summed
+    path: int = 1024  # bytes of a path below the submission folder: copies of it must stay under PATH_MAX
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,9 @@ def walk(folder: Path, caps: Caps = Caps()) -> Walk:
         folders = []
         for item in sorted(children, key=lambda e: e.name):
             rel = f"{relative}/{item.name}" if relative else item.name
+            if len(os.fsencode(rel)) > caps.path:
+                found.leave_out(rel, f"a path longer than {caps.path} bytes")
+                continue
             try:
                 mode = item.stat(follow_symlinks=False).st_mode
                 size = item.stat(follow_symlinks=False).st_size
@@ -109,7 +113,7 @@ def walk(folder: Path, caps: Caps = Caps()) -> Walk:
                 folders.append((Path(item.path), rel, depth + 1))
             elif stat.S_ISREG(mode):
                 if size > budget:
-                    found.leave_out(rel, f"its {size} bytes are past the {caps.bytes >> 20} MiB the files may hold")
+                    found.leave_out(rel, f"{size} bytes: past the {caps.bytes} bytes of files a submission may hold")
                     continue
                 budget -= size
                 found.entries.append(Entry(Path(item.path), rel, "file", size))

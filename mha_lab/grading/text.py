@@ -33,7 +33,10 @@ def writable_name(name: str) -> str:
     ``writable_name(os.fsdecode(b"bob\\xff")) == "bob\\\\xff"``."""
     if not _SURROGATE.search(name):
         return name
-    return os.fsencode(name).decode("utf-8", "backslashreplace")
+    try:
+        return os.fsencode(name).decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:  # a surrogate no byte decodes to: not from a file system
+        return writable(name)
 
 
 def writable_tree(value: Any) -> tuple[Any, bool]:

@@ -311,10 +311,13 @@ def _copy_submission() -> None:
     for entry in Path("/submission").iterdir():  # read-only, as the grader made it
         if entry.suffix == ".ipynb":
             continue
-        if entry.is_dir() and not entry.is_symlink():  # copytree knows no follow_symlinks: it raised here
-            shutil.copytree(entry, Path("/scratch") / entry.name, symlinks=True)
-        else:
-            shutil.copy2(entry, Path("/scratch") / entry.name, follow_symlinks=False)
+        try:  # a link is never followed: is_dir on a link to what the sandbox may not see raises
+            if not entry.is_symlink() and entry.is_dir():  # copytree knows no follow_symlinks
+                shutil.copytree(entry, Path("/scratch") / entry.name, symlinks=True)
+            else:
+                shutil.copy2(entry, Path("/scratch") / entry.name, follow_symlinks=False)
+        except OSError:  # e.g. /scratch is full: the file is missing for the student's code, as it would be
+            pass
 
 
 def enter(processes: int) -> None:

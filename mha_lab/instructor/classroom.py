@@ -34,7 +34,8 @@ import nbformat
 from mha_lab.instructor import spreadsheet
 
 __all__ = ["REPO", "Target", "Attack", "Student", "new_course", "read_notebook", "points", "fill_release",
-           "answer_cell", "submit", "mutants", "attacks", "honest", "blank", "buggy", "hostile", "run_grader",
+           "answer_cell", "submit", "mutants", "attacks", "honest", "blank", "buggy", "hostile", "remove_tree",
+           "run_grader",
            "read_grades"]
 
 REPO = Path(__file__).resolve().parents[2]  # a clone: solutions/, assignments/, tests/mutants, tests/adversarial
@@ -258,6 +259,32 @@ def hostile(course: Path, name: str, attack: Attack, target: Target) -> Student:
         attack.prepare(folder, nb, target)
     scores = points(read_notebook(course, "solutions", attack.assignment))
     return Student(name, "hostile", sum(scores[g] for g in attack.deserves), at_most=True)
+
+
+def remove_tree(root: Path) -> None:
+    """Remove the folder ``root`` and everything in it, however deep: one folder open at a time, by file
+    descriptor (a hostile folder's paths outgrow PATH_MAX, and shutil.rmtree recurses past Python's limit)."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+    fd, below = os.open(root, flags), []  # below: the names from root down to the open folder
+    while True:
+        with os.scandir(fd) as it:
+            entries = list(it)
+        for e in entries:
+            if not e.is_dir(follow_symlinks=False):
+                os.unlink(e.name, dir_fd=fd)
+        inner = next((e.name for e in entries if e.is_dir(follow_symlinks=False)), None)
+        if inner is not None:
+            below.append(inner)
+            fd, outer = os.open(inner, flags, dir_fd=fd), fd
+            os.close(outer)
+            continue
+        if not below:
+            os.close(fd)
+            os.rmdir(root)
+            return
+        fd, inner_fd = os.open("..", flags, dir_fd=fd), fd
+        os.close(inner_fd)
+        os.rmdir(below.pop(), dir_fd=fd)
 
 
 # --- grading ------------------------------------------------------------------------------------
