@@ -226,10 +226,10 @@ def _ring_with(Q, K, V, n, *, skip_later=False, swapped=False):
 def _ring_hint(out, Q, K, V, n, causal) -> str:
     if causal and _same(out, _ring_with(Q, K, V, n, skip_later=True)):
         return ("a block from a higher rank is not all in the future: its chunks come before this rank's late "
-                "chunk, so merge it into the late chunk's state [bug: wrong-causal-skip]")
+                "chunk, so merge it into the late chunk's state [bug: higher-rank-block-skipped]")
     if causal and _same(out, _ring_with(Q, K, V, n, swapped=True)):
         return ("a lower rank's block counts through its early chunk for both query chunks, a higher rank's "
-                "whole block for the late query chunk only: the two cases are swapped [bug: wrong-causal-skip]")
+                "whole block for the late query chunk only: the two cases are swapped [bug: causal-cases-swapped]")
     if causal and _same(out, scaled_dot_product_attention(Q, K, V)[0]):
         return "with causal=True every query sees only the keys at or before it [bug: mask-ignored]"
     return ("each rank starts from its own block's state, merges every other rank's block in ring order (the "
