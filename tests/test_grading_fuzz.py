@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 
 from mha_lab.grading import batch, sandbox
 from mha_lab.grading.text import writable_name
-from mha_lab.instructor import classroom, grade
+from mha_lab.instructor import classroom, grade, report
 
 A = "ps1_per_head_loop"
 QUICK = 2  # classes graded in make test
@@ -207,6 +207,10 @@ def test_a_hostile_class_is_graded_to_the_end(cluster, capsys, students):
         for s in (s for s in ids if rows[s]["status"] == "graded"):
             assert any((course / "feedback" / s / A).glob("*.html")), f"no feedback for {s!r}: {rows[s]}"
         assert (course / "reports" / A / "index.html").is_file() and "no class report" not in out, out[-2000:]
+        graded = sorted(s for s in ids if rows[s]["status"] == "graded")
+        if graded:  # an autograded notebook that cannot be read costs the class report only its own student
+            (course / "autograded" / graded[0] / A / f"{A}.ipynb").write_bytes(b"\xff not a notebook")
+            assert (report.build(course, A) / "index.html").is_file()
         worker_peaks = cluster.run(_peak)
         assert client_peak < CLIENT_PEAK, f"the client allocated {client_peak / MiB:.0f} MiB"
         assert max(worker_peaks.values()) < WORKER_PEAK, {w: p / MiB for w, p in worker_peaks.items()}

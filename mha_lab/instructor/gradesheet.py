@@ -112,7 +112,7 @@ def write_csv(results: Sequence[StudentResult], path: Path, everyone: Iterable[s
     late = late or {}
     rows = {}
     if Path(path).is_file():
-        with open(path, newline="") as f:
+        with open(path, newline="", encoding="utf-8") as f:
             rows = {row["student"]: row for row in spreadsheet.DictReader(f)}
     for s in everyone:
         rows.setdefault(s, {"student": s, "status": "not submitted", "error": "not submitted"})
@@ -128,7 +128,7 @@ def write_csv(results: Sequence[StudentResult], path: Path, everyone: Iterable[s
                            "memory_peak": "; ".join(f"{c.grade_id}: {memory_reading(c.memory)}" for c in r.cells
                                                     if c.memory),
                            **{f"{k}_s": f"{v:.2f}" for k, v in r.timings.items()}}
-    with open(path, "w", newline="") as f:
+    with open(path, "w", newline="", encoding="utf-8") as f:
         writer = spreadsheet.DictWriter(f, FIELDS, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows[s] for s in sorted(rows))

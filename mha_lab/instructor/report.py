@@ -143,12 +143,16 @@ def read_class(root: Path, assignment: str) -> ClassData:
             data.penalty[s] = float(sub.late_submission_penalty or 0.0)
     owner: dict[str, str] = {}  # tests cell -> task, from the cells' order in the notebooks
     for s in data.scores:
-        for path in sorted((root / "autograded" / s / assignment).glob("*.ipynb")):
-            nb = nbformat.read(path, as_version=4)
-            tasks, code = _tasks(nb)
-            owner.update(tasks)
-            data.messages.setdefault(s, {}).update(_failure(nb))
-            data.code[s] = "\n\n".join(filter(None, [data.code.get(s, ""), code]))
+        try:
+            for path in sorted((root / "autograded" / s / assignment).glob("*.ipynb")):
+                nb = nbformat.read(path, as_version=4)
+                tasks, code = _tasks(nb)
+                owner.update(tasks)
+                data.messages.setdefault(s, {}).update(_failure(nb))
+                data.code[s] = "\n\n".join(filter(None, [data.code.get(s, ""), code]))
+        except Exception:  # noqa: BLE001 - a notebook that cannot be read costs its own student's entries only
+            data.messages.pop(s, None)
+            data.code.pop(s, None)
     data.cells = [TestsCell(c.notebook, c.grade_id, c.points, owner.get(c.grade_id, "")) for c in data.cells]
     return data
 
@@ -266,16 +270,16 @@ def build(root: Path, assignment: str) -> Path:
               "memory": _memory_modes(root / f"grades_{assignment}.csv")}
     flagged = [p for p in pairs if p.flagged]
     svg = _histogram_svg(data)
-    (out / "scores.svg").write_text(svg)  # the figure of report.md; index.html has it inline
+    (out / "scores.svg").write_text(svg, encoding="utf-8")  # the figure of report.md; index.html has it inline
     memory = memory_rows(root / f"grades_{assignment}.csv")
-    (out / "report.md").write_text(_markdown(data, counts, stats, groups, blanks, flagged, memory))
-    (out / "index.html").write_text(_html(data, counts, stats, groups, blanks, flagged, svg, memory))
+    (out / "report.md").write_text(_markdown(data, counts, stats, groups, blanks, flagged, memory), encoding="utf-8")
+    (out / "index.html").write_text(_html(data, counts, stats, groups, blanks, flagged, svg, memory), encoding="utf-8")
     return out
 
 
 def write_similarity_csv(pairs: Sequence[similarity.Pair], path: Path) -> None:
     """``similarity.csv``: every pair, most similar first (student ids neutralised for spreadsheets)."""
-    with open(path, "w", newline="") as f:
+    with open(path, "w", newline="", encoding="utf-8") as f:
         writer = spreadsheet.writer(f)
         writer.writerow(["student_a", "student_b", "similarity", "flagged"])
         writer.writerows((p.student_a, p.student_b, f"{p.similarity:.3f}", str(p.flagged).lower()) for p in pairs)
@@ -285,7 +289,7 @@ def _memory_modes(grades: Path) -> str:
     """How the graded students' memory was measured, from the grade sheet's ``memory`` column."""
     if not grades.is_file():
         return "unknown"
-    with open(grades, newline="") as f:
+    with open(grades, newline="", encoding="utf-8") as f:
         modes = sorted({row.get("memory") or "" for row in spreadsheet.DictReader(f)} - {""})
     return "; ".join(modes) or "unknown"
 
@@ -296,7 +300,7 @@ def memory_rows(grades: Path) -> list[tuple[str, ...]]:
     if not grades.is_file():
         return []
     found: dict[str, list[tuple[float, float]]] = defaultdict(list)
-    with open(grades, newline="") as f:
+    with open(grades, newline="", encoding="utf-8") as f:
         for row in spreadsheet.DictReader(f):
             for part in filter(None, (row.get("memory_peak") or "").split("; ")):
                 cell, _, reading = part.partition(": ")
