@@ -173,3 +173,22 @@ def test_the_fused_cpu_block_equals_the_written_out_one(causal, monkeypatch):
     for g, r in zip(block_attention_backward(dout, written[0], q, k, v, written[1], 0.3, causal),
                     (qa.grad, ka.grad, va.grad), strict=True):
         torch.testing.assert_close(g, r, rtol=1e-10, atol=1e-12)
+
+
+def test_the_world_size_is_torchruns_when_it_started_the_process(monkeypatch, capsys):
+    import argparse
+
+    from mha_lab.parallel.launch import add_launch_arguments, launch_world_size
+
+    parser = argparse.ArgumentParser(prog="cmd")
+    add_launch_arguments(parser)
+    assert launch_world_size(parser, parser.parse_args([]), []) == 2  # spawned: the option's default
+    with pytest.raises(SystemExit):
+        launch_world_size(parser, parser.parse_args(["--world-size", "0"]), ["--world-size", "0"])
+    assert "--world-size must be at least 1, got 0" in capsys.readouterr().err
+    for key, value in {"RANK": "0", "WORLD_SIZE": "3", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}.items():
+        monkeypatch.setenv(key, value)
+    assert launch_world_size(parser, parser.parse_args([]), []) == 3
+    with pytest.raises(SystemExit):
+        launch_world_size(parser, parser.parse_args(["--world-size", "2"]), ["--world-size", "2"])
+    assert "--world-size 2 but torchrun started 3 ranks" in capsys.readouterr().err
