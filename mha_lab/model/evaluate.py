@@ -145,7 +145,7 @@ def measure(folder: Path = WEIGHTS) -> dict:
         out[name] = {"attention_to_first": first.round(4).tolist(),
                      "attention_to_sink_logit": to_sink.round(4).tolist(),
                      "streaming": streaming_table(model, stream, EVAL["window"], EVAL["sinks"]),
-                     "quantized": quantized_table(model, stream, EVAL["group"], EVAL["residuals"])}
+                     "quantized": quantized_table(model, at_train, EVAL["group"], EVAL["residuals"])}
     lengths = tuple(n * L for n in EVAL["lengths"])
     out["long"] = {"before": long_context_table({m: base for m in SCALINGS}, longest, lengths, LONG["factor"]),
                    "after": long_context_table({m: load(f"long-{m}", folder) for m in SCALINGS}, longest, lengths,
