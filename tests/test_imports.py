@@ -23,8 +23,10 @@ LAYERS = [
     ("mha_lab.kv_cache", (), "the cache's bookkeeping needs nothing of ours"),
     ("mha_lab.measure", (), "measurement sits below everything that is measured or plotted"),
     ("mha_lab.analysis", (), "cost formulas need nothing of ours"),
-    ("mha_lab.cuda", ("mha_lab.cpu", "mha_lab.plots", "mha_lab.grading", "mha_lab.bench", "mha_lab.parallel"),
-     "cuda uses the NumPy reference in tests only, and nothing above it"),
+    ("mha_lab.cuda", ("mha_lab.cpu", "mha_lab.plots", "mha_lab.grading", "mha_lab.bench", "mha_lab.parallel",
+                      "mha_lab.model"), "cuda uses the NumPy reference in tests only, and nothing above it"),
+    ("mha_lab.model", ("mha_lab.plots", "mha_lab.grading", "mha_lab.instructor", "mha_lab.bench"),
+     "the course's model is built from cpu's and cuda's parts; the figures and grading sit above it"),
     ("mha_lab.plots", ("mha_lab.grading", "mha_lab.__main__"), "figures sit below grading and the command line"),
     ("mha_lab.grading", ("mha_lab.instructor",), "the grading engine imports nothing of the instructor's wing, "
      "which calls it"),
