@@ -25,6 +25,7 @@ import csv
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from nbgrader.api import Gradebook, MissingEntry
 from nbgrader.plugins import ExportPlugin
@@ -146,6 +147,13 @@ def canvas(export: Path, grades: dict[tuple[str, str], Grade], out: Path, id_col
     return notes
 
 
+def _names(person: Any, student: str) -> tuple[str | None, str | None, str | None]:
+    """A student's last name, first name and email for the export. The id that the term stores as the last name
+    of a student who has none (so that formgrader lists students by it) is not a name: both stay empty."""
+    last, first, email = (getattr(person, name, None) for name in ("last_name", "first_name", "email"))
+    return (None, None, email) if last == student and not first else (last, first, email)
+
+
 class CsvExport(ExportPlugin):
     """``nbgrader export``: nbgrader's CSV (``--to``, default ``grades.csv``; ``--assignment``, ``--student``) from
     ``read_grades``, with a last column ``status``. Scores stay empty unless graded, where stock nbgrader writes 0;
@@ -164,7 +172,7 @@ class CsvExport(ExportPlugin):
                 raise ValueError(f"no {what} {', '.join(sorted(asked - known))} in the course; "
                                  f"its {what}s: {', '.join(sorted(known)) or 'none'}")
         self.log.info("Exporting grades to %s", dest)
-        with open(dest, "w", newline="") as f:
+        with open(dest, "w", newline="", encoding="utf-8") as f:
             writer = spreadsheet.writer(f, lineterminator="\n")  # as nbgrader ends its lines; None is written empty
             writer.writerow(EXPORT_FIELDS)
             for assignment in gradebook.assignments:
@@ -175,5 +183,5 @@ class CsvExport(ExportPlugin):
                         continue
                     grade, person = grades[student, assignment.name], people.get(student)
                     writer.writerow([assignment.name, assignment.duedate, grade.timestamp, student,
-                                     *(getattr(person, name, None) for name in ("last_name", "first_name", "email")),
-                                     grade.raw_score, grade.late_penalty, grade.score, grade.max_score, grade.status])
+                                     *_names(person, student), grade.raw_score, grade.late_penalty, grade.score,
+                                     grade.max_score, grade.status])
