@@ -17,9 +17,9 @@ from mha_lab.cpu.positions import apply_rope
 from mha_lab.cpu.rope_scaling import interpolation_frequencies, rope_frequencies
 from mha_lab.model import MEASUREMENTS, WEIGHTS, corpus
 from mha_lab.model.caches import kivi_core, kivi_masks, streaming_core
-from mha_lab.model.evaluate import attention_to_first, perplexity, token_nll
+from mha_lab.model.evaluate import attention_to_first, perplexity, recompute_nll, token_nll
 from mha_lab.model.train import PRETRAIN, VARIANTS, load, pretrain, sha256
-from mha_lab.model.transformer import ByteLM, Config, Rope, causal_core, eager_core, pool_kv_heads, rotate
+from mha_lab.model.transformer import BOS, ByteLM, Config, Rope, causal_core, eager_core, pool_kv_heads, rotate
 
 SMALL = Config(d_model=32, num_layers=2, num_heads=4, num_kv_heads=2, train_len=24)
 
@@ -216,6 +216,23 @@ def test_kivi_quantises_keys_per_channel_and_keeps_an_incomplete_residual_exact(
     assert values[19, :12].all() and not values[19, 12:].any()  # the newest 8 values stay exact
     with pytest.raises(ValueError, match="multiple of the group"):
         kivi_core(2, 4, 6)
+
+
+@pytest.mark.parametrize("start_token", [False, True])
+def test_recomputation_predicts_each_token_from_the_last_window_alone(start_token):
+    torch.manual_seed(0)
+    model = ByteLM(SMALL).eval()
+    tokens = np.random.default_rng(0).integers(0, 256, (2, 17))
+    tokens[:, 0] = BOS
+    W = 5
+    got = recompute_nll(model, tokens, W, start_token=start_token)
+    for t in range(1, 17):  # predicting token t from tokens max(0, t - W) .. t - 1
+        context = tokens[:, max(0, t - W):t].copy()
+        if start_token:
+            context[:, 0] = BOS
+        want = token_nll(model, np.concatenate([context, tokens[:, t:t + 1]], axis=1))[:, -1]
+        np.testing.assert_allclose(got[:, t - 1], want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(recompute_nll(model, tokens, 17), token_nll(model, tokens), rtol=1e-6)
 
 
 # --------------------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ from mha_lab.model.caches import (
     uniform_bytes_per_token,
 )
 from mha_lab.model.train import GQA, LONG, load
-from mha_lab.model.transformer import SCALINGS, VOCAB, ByteLM, Core, Rope, causal_core, eager_core, pool_kv_heads
+from mha_lab.model.transformer import BOS, SCALINGS, VOCAB, ByteLM, Core, Rope, causal_core, eager_core, pool_kv_heads
 
 __all__ = ["MEASUREMENTS", "EVAL", "token_nll", "perplexity", "attention_to_first", "recompute_nll",
            "streaming_table", "quantized_table", "long_context_table", "gqa_table", "measure", "main"]
@@ -68,15 +68,21 @@ def attention_to_first(model: ByteLM, tokens: np.ndarray) -> tuple[np.ndarray, n
 
 
 @torch.no_grad()
-def recompute_nll(model: ByteLM, tokens: np.ndarray, window: int, chunk: int = 512) -> np.ndarray:
+def recompute_nll(model: ByteLM, tokens: np.ndarray, window: int, start_token: bool = False,
+                  chunk: int = 512) -> np.ndarray:
     """Sliding window with re-computation: each token predicted from the last ``window`` tokens alone, run
-    afresh at positions 0..window-1 (StreamingLLM's accurate, slow baseline). (B, L) -> (B, L - 1)."""
+    afresh at positions 0..window-1 (StreamingLLM's accurate, slow baseline); with ``start_token``, the
+    window's first token is replaced by ``BOS``, as every training window began. (B, L) -> (B, L - 1)."""
     B, L = tokens.shape
+    if window >= L:  # every prediction sees its whole prefix
+        return token_nll(model, tokens)
     head = token_nll(model, tokens[:, :window])  # the first window - 1 predictions see their whole prefix
-    # (B, L, ) -> (B, L - window, window + 1): each row a window and the token after it
-    rows = np.lib.stride_tricks.sliding_window_view(tokens, window + 1, axis=1)[:, 1:]
-    flat = rows.reshape(-1, window + 1)
-    x = torch.from_numpy(np.ascontiguousarray(flat))
+    # (B, L) -> (B, L - window, window + 1): each row a window and the token after it (tokens window..L-1)
+    rows = np.lib.stride_tricks.sliding_window_view(tokens, window + 1, axis=1)
+    flat = np.array(rows.reshape(-1, window + 1))
+    if start_token:
+        flat[:, 0] = BOS
+    x = torch.from_numpy(flat)
     nll = np.concatenate([
         F.cross_entropy(model(x[i:i + chunk, :-1])[:, -1], x[i:i + chunk, -1], reduction="none").numpy()
         for i in range(0, len(x), chunk)])
@@ -84,11 +90,13 @@ def recompute_nll(model: ByteLM, tokens: np.ndarray, window: int, chunk: int = 5
 
 
 def streaming_table(model: ByteLM, tokens: np.ndarray, window: int, sinks: int) -> dict[str, float]:
-    """Perplexity over a stream (B, L) with the full cache, a window, a window plus sinks, and re-computation."""
+    """Perplexity over a stream (B, L) with the full cache, a window, a window plus sinks, and re-computation
+    (plain, and with the start token first)."""
     return {"full cache": perplexity(token_nll(model, tokens)),
             "window": perplexity(token_nll(model, tokens, core=streaming_core(window, 0))),
             "window + sinks": perplexity(token_nll(model, tokens, core=streaming_core(window, sinks))),
-            "re-computation": perplexity(recompute_nll(model, tokens, window))}
+            "re-computation": perplexity(recompute_nll(model, tokens, window)),
+            "re-computation, start token first": perplexity(recompute_nll(model, tokens, window, start_token=True))}
 
 
 def quantized_table(model: ByteLM, tokens: np.ndarray, group: int,
