@@ -52,7 +52,7 @@ COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "export": (_module("mha_lab.instructor.export"),
                "grades into the LMS: fill a Canvas gradebook export for import (--canvas, --out), or a long CSV"),
     "cp": (_module("mha_lab.parallel.context_check"),
-           "context-parallel attention (ring, Ulysses) on spawned ranks (or under torchrun), checked against one device"),
+           "context-parallel attention (ring, Ulysses) on spawned ranks or under torchrun, checked on one device"),
     "train": (_module("mha_lab.model.train"),
               "train the course's small byte-level language model (pretrain, long-context fine-tunes, GQA)"),
     "lm-eval": (_module("mha_lab.model.evaluate"),
