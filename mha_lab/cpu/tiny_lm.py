@@ -38,9 +38,7 @@ class TinyLM:
     def perturbed(self, noise: float, seed: int = 1) -> TinyLM:
         """A copy whose every weight gets Gaussian noise of ``noise`` times its own spread: a stand-in draft."""
         rng = np.random.default_rng(seed)
-        other = TinyLM.__new__(TinyLM)
-        other.vocab, other.max_len, other.d_model = self.vocab, self.max_len, self.d_model
-        other.layer = GroupedQueryAttention(self.d_model, self.layer.num_heads, self.layer.num_kv_heads)
+        other = TinyLM(self.vocab, self.d_model, self.layer.num_heads, self.layer.num_kv_heads, self.max_len)
         for name, w in self.layer.parameters().items():
             getattr(other.layer, name)[...] = w + noise * w.std() * rng.standard_normal(w.shape)
         other.E, other.P = (w + noise * w.std() * rng.standard_normal(w.shape) for w in (self.E, self.P))
@@ -53,18 +51,15 @@ class TinyLM:
             raise ValueError(f"position {positions.max()} is past the model's max_len={self.max_len}")
         return self.E[tokens] + self.P[positions]
 
-    def _logits(self, X: np.ndarray, Z: np.ndarray) -> np.ndarray:
-        """Residual, then the tied unembedding: X (..., d), Z (B, h, L, d_k) -> (..., V)."""
-        Y = X + self.layer.project_out(Z).reshape(X.shape)  # (B, h, L, d_k) -> (B, L, d) -> X's shape
+    def _logits(self, Y: np.ndarray) -> np.ndarray:
+        """The tied unembedding: Y (..., d) -> (..., V)."""
         return Y @ self.E.T / np.sqrt(self.d_model)
 
     def forward(self, tokens: np.ndarray) -> np.ndarray:
         """Logits of whole sequences, causally: tokens (B, L) -> (B, L, V)."""
         tokens = np.asarray(tokens)
         X = self._embed(tokens, np.arange(tokens.shape[1]))  # (B, L, d)
-        Q, K, V = self.layer.project_qkv(X)  # (B, h, L, d_k), (B, h_kv, L, d_k) twice
-        Z, _ = scaled_dot_product_attention(Q, K, V, create_causal_mask(tokens.shape[1]), enable_gqa=True)
-        return self._logits(X, Z)
+        return self._logits(X + self.layer.forward(X, create_causal_mask(tokens.shape[1])))
 
     def step(self, cache: PagedKVCache, work: dict[int, list[int]]) -> dict[int, np.ndarray]:
         """One engine step: ``work[s]`` are sequence s's new tokens; returns their logits (n_s, V) per sequence.
@@ -88,6 +83,6 @@ class TinyLM:
             Z[:, :, row:row + n], _ = scaled_dot_product_attention(Q[:, :, row:row + n], K_s[None], V_s[None],
                                                                    mask, enable_gqa=True)
             row += n
-        logits = self._logits(X, Z)[0]  # (T, V)
+        logits = self._logits(X + self.layer.project_out(Z))[0]  # (1, T, d) -> (T, V)
         bounds = np.cumsum([0] + [len(work[s]) for s in seqs])
         return {s: logits[a:b] for s, a, b in zip(seqs, bounds[:-1], bounds[1:], strict=True)}
