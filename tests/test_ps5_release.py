@@ -9,9 +9,8 @@ from pathlib import Path
 import nbformat
 import pytest
 from jupyter_client import KernelManager
-from nbclient import NotebookClient
 
-from mha_lab.instructor.classroom import answer_cell, fill_release, mutants
+from mha_lab.instructor.classroom import answer_cell, mutants, run_release
 
 REPO = Path(__file__).resolve().parents[1]
 A = "ps5_decoding"
@@ -43,16 +42,7 @@ def test_the_task_states_the_scale_the_reference_rope_and_what_positions_may_be(
 def run(edits: dict[str, str], km: KernelManager) -> dict[str, str]:
     """grade_id -> what each tests cell showed (its error, else its printed text) when the release, filled with the
     solution and ``edits``, runs in ``km`` from its own folder."""
-    release = nbformat.read(REPO / "assignments" / A / f"{A}.ipynb", as_version=4)
-    solution = nbformat.read(REPO / "solutions" / A / f"{A}.ipynb", as_version=4)
-    nb = fill_release(release, solution, edits)
-    nb.cells.insert(0, nbformat.v4.new_code_cell("%reset -f"))
-    client = NotebookClient(nb, km=km, timeout=120, allow_errors=True)
-    try:
-        client.execute()
-    finally:
-        if client.kc is not None:
-            client.kc.stop_channels()
+    nb = run_release(A, edits, km)
     return {c.metadata["nbgrader"]["grade_id"]: "".join(o.get("evalue", "") or o.get("text", "") for o in c.outputs)
             for c in visible_cells(nb)}
 

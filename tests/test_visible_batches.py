@@ -16,9 +16,8 @@ from pathlib import Path
 import nbformat
 import pytest
 from jupyter_client import KernelManager
-from nbclient import NotebookClient
 
-from mha_lab.instructor.classroom import answer_cell, fill_release, mutants
+from mha_lab.instructor.classroom import answer_cell, mutants, run_release
 
 REPO = Path(__file__).resolve().parents[1]
 # graded functions with no batch axis: they take a function, or a single array, not a batch of sequences
@@ -49,16 +48,7 @@ def kernels():
 
 def failing_cells(assignment: str, edits: dict[str, str], kernel: KernelManager) -> set[str]:
     """The grade_ids of the tests cells that raise when the filled release runs in ``kernel``."""
-    release = nbformat.read(REPO / "assignments" / assignment / f"{assignment}.ipynb", as_version=4)
-    solution = nbformat.read(REPO / "solutions" / assignment / f"{assignment}.ipynb", as_version=4)
-    nb = fill_release(release, solution, edits)
-    nb.cells.insert(0, nbformat.v4.new_code_cell("%reset -f"))  # the names of the case before: gone
-    client = NotebookClient(nb, km=kernel, timeout=120, allow_errors=True)
-    try:
-        client.execute()
-    finally:
-        if client.kc is not None:
-            client.kc.stop_channels()
+    nb = run_release(assignment, edits, kernel)
     return {c.metadata["nbgrader"]["grade_id"] for c in nb.cells
             if c.cell_type == "code" and c.metadata.get("nbgrader", {}).get("grade")
             and any(o.output_type == "error" for o in c.outputs)}

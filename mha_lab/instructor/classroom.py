@@ -30,13 +30,14 @@ from pathlib import Path
 from types import ModuleType
 
 import nbformat
+from jupyter_client import KernelManager
+from nbclient import NotebookClient
 
 from mha_lab.instructor import spreadsheet
 
 __all__ = ["REPO", "Target", "Attack", "Student", "new_course", "read_notebook", "points", "fill_release",
-           "answer_cell", "submit", "mutants", "attacks", "honest", "blank", "buggy", "hostile", "remove_tree",
-           "run_grader",
-           "read_grades"]
+           "run_release", "answer_cell", "submit", "mutants", "attacks", "honest", "blank", "buggy", "hostile",
+           "remove_tree", "run_grader", "read_grades"]
 
 REPO = Path(__file__).resolve().parents[2]  # a clone: solutions/, assignments/, tests/mutants, tests/adversarial
 SOLUTION_LINE = re.compile(r"^\s*### (BEGIN|END) SOLUTION\s*$")
@@ -90,6 +91,24 @@ def fill_release(release: nbformat.NotebookNode, solution: nbformat.NotebookNode
         if grade_id in answers:
             cell.source = answers[grade_id]
     return filled
+
+
+def run_release(assignment: str, edits: dict[str, str], km: KernelManager) -> nbformat.NotebookNode:
+    """The release filled with the solution and ``edits``, run top to bottom in ``km`` as a student runs it.
+
+    The run begins with ``%reset -f`` (no name of the run before survives, as after a restart); a cell
+    that raises keeps its error in its outputs and the cells after it still run.
+    """
+    nb = fill_release(read_notebook(REPO, "assignments", assignment), read_notebook(REPO, "solutions", assignment),
+                      edits)
+    nb.cells.insert(0, nbformat.v4.new_code_cell("%reset -f"))
+    client = NotebookClient(nb, km=km, timeout=120, allow_errors=True)
+    try:
+        client.execute()
+    finally:
+        if client.kc is not None:
+            client.kc.stop_channels()
+    return nb
 
 
 def submit(course: Path, student: str, assignment: str, nb: nbformat.NotebookNode) -> Path:
