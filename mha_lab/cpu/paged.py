@@ -89,6 +89,11 @@ class PagedKVCache:
         self.lengths: dict[int, int] = {}
         self._next_id = 0
 
+    @classmethod
+    def for_layer(cls, layer: GroupedQueryAttention, num_blocks: int, block_size: int) -> PagedKVCache:
+        """An empty cache over a new pool of ``num_blocks`` blocks shaped for ``layer``'s key/value heads and dtype."""
+        return cls(BlockAllocator(num_blocks, block_size, layer.num_kv_heads, layer.d_k, layer.dtype))
+
     def add_sequence(self, parent: int | None = None) -> int:
         """A new empty sequence, or (``parent``) one that shares every block of ``parent``; returns its id."""
         seq, self._next_id = self._next_id, self._next_id + 1

@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from mha_lab.cpu.paged import BlockAllocator, PagedKVCache
+from mha_lab.cpu.paged import PagedKVCache
 from mha_lab.cpu.tiny_lm import TinyLM
 
 __all__ = ["Request", "Chunk", "Served", "ContinuousBatcher", "static_batching", "latency_summary"]
@@ -84,8 +84,7 @@ class ContinuousBatcher:
         if token_budget < 1 or max_running < 1:
             raise ValueError(f"token_budget and max_running must be at least 1, got {token_budget}, {max_running}")
         self.model, self.token_budget, self.max_running = model, token_budget, max_running
-        layer = model.layer
-        self.cache = PagedKVCache(BlockAllocator(num_blocks, block_size, layer.num_kv_heads, layer.d_k))
+        self.cache = PagedKVCache.for_layer(model.layer, num_blocks, block_size)
         self.steps: list[list[Chunk]] = []
 
     def _blocks_needed(self, r: _Running, n: int) -> int:

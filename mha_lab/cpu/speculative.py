@@ -25,7 +25,7 @@ from typing import Protocol
 import numpy as np
 
 from mha_lab.cpu.functional import softmax
-from mha_lab.cpu.paged import BlockAllocator, PagedKVCache
+from mha_lab.cpu.paged import PagedKVCache
 from mha_lab.cpu.tiny_lm import TinyLM
 
 __all__ = ["Draw", "RandomDraw", "UniformDraw", "acceptance_probability", "residual", "verify", "SpecStats",
@@ -122,11 +122,6 @@ class SpecStats:
         return self.tokens / self.rounds
 
 
-def _paged_cache(model: TinyLM, num_blocks: int, block_size: int) -> PagedKVCache:
-    layer = model.layer
-    return PagedKVCache(BlockAllocator(num_blocks, block_size, layer.num_kv_heads, layer.d_k))
-
-
 def speculative_generate(target: TinyLM, draft: TinyLM, prompt: list[int], n: int, k: int, draw: Draw,
                          block_size: int = 4, num_blocks: int = 256) -> tuple[list[int], SpecStats]:
     """``n`` new tokens sampled from ``target`` with ``k`` drafts per round; returns them and the counts.
@@ -139,7 +134,7 @@ def speculative_generate(target: TinyLM, draft: TinyLM, prompt: list[int], n: in
         raise ValueError(f"k and n must be at least 1, got k={k}, n={n}")
     tokens, stats = list(prompt), SpecStats()
     models = {"target": target, "draft": draft}
-    caches = {role: _paged_cache(m, num_blocks, block_size) for role, m in models.items()}
+    caches = {role: PagedKVCache.for_layer(m.layer, num_blocks, block_size) for role, m in models.items()}
     seq = {role: caches[role].add_sequence() for role in models}
 
     def run(role: str, new: list[int]) -> np.ndarray:
