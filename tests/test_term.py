@@ -143,7 +143,6 @@ def test_scores_penalties_and_the_nbgrader_export_are_exact(term_course):
     assert max(len(line) for line in summary.split("\nwrote ")[0].splitlines()) <= 100, summary
 
 
-@pytest.mark.slow
 def _unnamed(line: str) -> str:
     """A line of stock nbgrader's export without the student id it writes as the last name of a student with
     none (as the term stores it for formgrader)."""
@@ -153,6 +152,7 @@ def _unnamed(line: str) -> str:
     return ",".join(fields)
 
 
+@pytest.mark.slow
 def test_nbgrader_export_is_the_stock_export_with_no_score_where_nothing_was_graded(term_course):
     """The course's ``nbgrader export`` against nbgrader's own plugin on the same gradebook: a graded student's
     line is the stock line plus its status, with no id where a name goes; stock writes 0 for the student it
