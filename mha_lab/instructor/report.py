@@ -330,8 +330,10 @@ def _late_rows(data: ClassData) -> list[tuple[str, ...]]:
              f"{data.finals.get(s, 0.0):g}") for s, h in sorted(data.late.items())]
 
 
-def _group_label(g: Mapping) -> str:
-    return " + ".join(g["bugs"])
+def _group_rows(groups: Sequence[Mapping]) -> list[list[str]]:
+    """Per misconception: how many students, the task, its bugs, what the checks say of them, who."""
+    return [[str(len(g["students"])), g["task"], " + ".join(g["bugs"]), "; ".join(g["says"].values()),
+             ", ".join(g["students"])] for g in groups]
 
 
 MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]<>|&!~#$])")  # what could start markup, an entity or a cell break
@@ -372,8 +374,7 @@ def _markdown(data: ClassData, counts: dict, stats: list, groups: list, blanks: 
         lines += [_md_row(row) for row in memory]
     lines += ["", "## Misconceptions", "", "| students | task | bug | what the checks say | who |",
               "|---|---|---|---|---|"]
-    lines += [_md_row([str(len(g["students"])), g["task"], _group_label(g), "; ".join(g["says"].values()),
-                       ", ".join(g["students"])]) for g in groups]
+    lines += [_md_row(row) for row in _group_rows(groups)]
     lines += ["", "## Blank answers", "", BLANK_NOTE, "", "| task | students | who |", "|---|---|---|"]
     lines += [_md_row(row) for row in _blank_rows(blanks)] or ["| none | | |"]
     lines += ["", f"## Similarity (flagged at {similarity.THRESHOLD:g} or above; all pairs in similarity.csv)", "",
@@ -411,9 +412,7 @@ def _html(data: ClassData, counts: dict, stats: list, groups: list, blanks: list
              _html_table(["cell", "task", "points", "pass rate", "discrimination"], _table_rows(stats)),
              *([f"<h2>Measured memory</h2><p>{MEMORY_NOTE}</p>", _html_table(MEMORY_HEAD, memory)] if memory else []),
              "<h2>Misconceptions</h2>",
-             _html_table(["students", "task", "bug", "what the checks say", "who"],
-                         [[str(len(g["students"])), g["task"], _group_label(g), "; ".join(g["says"].values()),
-                           ", ".join(g["students"])] for g in groups]),
+             _html_table(["students", "task", "bug", "what the checks say", "who"], _group_rows(groups)),
              f"<h2>Blank answers</h2><p>{BLANK_NOTE}</p>",
              _html_table(["task", "students", "who"], _blank_rows(blanks) or [["none", "", ""]]),
              f"<h2>Similarity</h2><p>Pairs at similarity {similarity.THRESHOLD:g} or above: the larger share of one "
