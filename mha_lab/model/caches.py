@@ -68,26 +68,16 @@ def _dequantized(x: torch.Tensor, fmt: Format, axis: Axis) -> torch.Tensor:
     return torch.from_numpy(quantize(x.numpy().astype(np.float64), fmt, axis).dequantize()).to(x.dtype)
 
 
-def fake_quant_core(fmt: Format, axis: Axis, per_layer: bool = False) -> Core:
+def fake_quant_core(fmt: Format, axis: Axis) -> Core:
     """Causal attention over keys and values rounded by ``mha_lab.cpu.quantize(fmt, axis)``.
 
-    ``per_layer``: one scale for the layer's whole cache (every head and sequence of the batch;
-    ``axis`` must be "tensor"), as vLLM keeps its fp8 k_scale and v_scale; here the scale is
-    the cache's own absmax over 448, the best one scale can do.
+    ``axis="layer"`` is one scale for the layer's whole cache (every head and sequence of the
+    batch), as vLLM keeps its fp8 k_scale and v_scale; here the scale is the cache's own absmax
+    over 448, the best one scale can do.
     """
-    if per_layer and axis != "tensor":
-        raise ValueError(f"one scale per layer is axis='tensor', got {axis!r}")
-
-    def rounded(x: torch.Tensor) -> torch.Tensor:
-        if not per_layer:
-            return _dequantized(x, fmt, axis)
-        B, h_kv, L, d = x.shape
-        flat = x.reshape(1, 1, B * h_kv * L, d)  # (B, h_kv, L, d) -> (1, 1, B h_kv L, d): one scale
-        return _dequantized(flat, fmt, "tensor").reshape(B, h_kv, L, d)
-
     def core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sink_logits: torch.Tensor | None,
              **_: object) -> torch.Tensor:
-        k, v = _expand(q, rounded(k), rounded(v))
+        k, v = _expand(q, _dequantized(k, fmt, axis), _dequantized(v, fmt, axis))
         L = q.shape[-2]
         scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
         return attention_weights(scores, torch.ones(L, L, dtype=torch.bool).tril(), sink_logits) @ v  # (B, h, L, d)

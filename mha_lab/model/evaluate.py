@@ -108,7 +108,7 @@ def quantized_table(model: ByteLM, tokens: np.ndarray, group: int,
     schemes: dict[str, tuple[Core, float]] = {
         "float16": (causal_core, 2 * 2 * h_kv * d),
         "int8, a scale per token": (fake_quant_core("int8", "token"), uniform_bytes_per_token(h_kv, d, True)),
-        "fp8 e4m3, one scale per layer": (fake_quant_core("fp8", "tensor", per_layer=True),
+        "fp8 e4m3, one scale per layer": (fake_quant_core("fp8", "layer"),
                                           uniform_bytes_per_token(h_kv, d, False)),
     }
     for bits in (4, 2):
