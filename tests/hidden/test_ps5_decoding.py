@@ -196,7 +196,7 @@ def _swapped_slot(k_pool, tables, b: int, p: int) -> tuple | None:
     """Where a step that swaps block and row writes position ``p`` of sequence ``b``: (block, row), or None when
     that slot is the right one or out of range (the swapped step raises there)."""
     bs = k_pool.shape[2]
-    if p % bs >= tables.shape[1] or p // bs >= bs or (p % bs, p // bs) == (p // bs, p % bs):
+    if p % bs >= tables.shape[1] or p // bs >= bs or p % bs == p // bs:
         return None
     return tables[b, p % bs], p // bs
 
