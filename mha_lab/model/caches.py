@@ -24,6 +24,8 @@ import numpy as np
 import torch
 
 from mha_lab.cpu.quantized import Axis, Format, quantize, quantize_groups
+from mha_lab.cpu.window import sink_mask
+from mha_lab.cuda.attention import causal_mask
 from mha_lab.model.transformer import Core, Rope, attention_weights, rotate
 
 __all__ = ["streaming_mask", "streaming_core", "fake_quant_core", "kivi_masks", "kivi_core",
@@ -36,12 +38,8 @@ def _expand(q: torch.Tensor, *kv: torch.Tensor) -> list[torch.Tensor]:
 
 
 def streaming_mask(L: int, window: int, sinks: int) -> torch.Tensor:
-    """(L, L) boolean: query t holds key j when j <= t and (j < sinks or t - j < window)."""
-    if window < 1 or sinks < 0:
-        raise ValueError(f"need window >= 1 and sinks >= 0, got window={window}, sinks={sinks}")
-    t = torch.arange(L)[:, None]
-    j = torch.arange(L)[None, :]
-    return (j <= t) & ((j < sinks) | (t - j < window))
+    """(L, L) boolean ``mha_lab.cpu.sink_mask``: query t holds key j when j <= t and (j < sinks or t - j < window)."""
+    return torch.from_numpy(sink_mask(L, window, sinks)[0, 0] == 0)  # (1, 1, L, L) additive -> (L, L)
 
 
 def streaming_core(window: int, sinks: int) -> Core:
@@ -80,7 +78,7 @@ def fake_quant_core(fmt: Format, axis: Axis) -> Core:
         k, v = _expand(q, _dequantized(k, fmt, axis), _dequantized(v, fmt, axis))
         L = q.shape[-2]
         scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
-        return attention_weights(scores, torch.ones(L, L, dtype=torch.bool).tril(), sink_logits) @ v  # (B, h, L, d)
+        return attention_weights(scores, causal_mask(L), sink_logits) @ v  # (B, h, L, d)
     return core
 
 
@@ -119,7 +117,7 @@ def kivi_core(bits: int, group: int, residual: int) -> Core:
         k_quant, v_quant = kivi_masks(L, residual)
         scale = 1 / math.sqrt(q.shape[-1])
         scores = torch.where(k_quant, q @ k_hat.transpose(-2, -1), q @ k.transpose(-2, -1)) * scale
-        weights = attention_weights(scores, torch.ones(L, L, dtype=torch.bool).tril(), sink_logits)  # (B, h, L, L)
+        weights = attention_weights(scores, causal_mask(L), sink_logits)  # (B, h, L, L)
         # each weight multiplies the value query t reads: quantised or from the residual
         return (weights * v_quant) @ v_hat + (weights * ~v_quant) @ v  # (B, h, L, d)
     return core

@@ -34,7 +34,7 @@ from mha_lab.cpu.rope_scaling import (
     yarn_attention_factor,
     yarn_frequencies,
 )
-from mha_lab.cuda.attention import MultiHeadAttention
+from mha_lab.cuda.attention import MultiHeadAttention, causal_mask
 
 __all__ = ["BOS", "VOCAB", "SCALINGS", "Config", "Rope", "ByteLM", "pool_kv_heads", "rotate", "causal_core",
            "eager_core", "attention_weights", "Core"]
@@ -137,7 +137,7 @@ def causal_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sink_logits: 
     (B, h_kv, L, d), h = k.shape, q.shape[1]
     k = torch.cat([k.new_zeros(B, h_kv, 1, d), k], dim=2)  # (B, h_kv, L, d) -> (B, h_kv, 1 + L, d)
     v = torch.cat([v.new_zeros(B, h_kv, 1, d), v], dim=2)
-    causal = torch.zeros(L, L, dtype=q.dtype).masked_fill(~torch.ones(L, L, dtype=torch.bool).tril(), float("-inf"))
+    causal = torch.zeros(L, L, dtype=q.dtype).masked_fill(~causal_mask(L), float("-inf"))
     mask = torch.cat([sink_logits.to(q.dtype)[:, None, None].expand(h, L, 1), causal.expand(h, L, L)], dim=-1)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)  # mask (h, L, 1 + L)
 
@@ -167,7 +167,7 @@ def eager_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sink_logits: t
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, h, L_q, L_k)
     if mask is None:
         L_q, L_k = scores.shape[-2:]
-        mask = torch.ones(L_q, L_k, dtype=torch.bool).tril(L_k - L_q)
+        mask = causal_mask(L_q, L_k=L_k)
     weights = attention_weights(scores, mask, sink_logits)
     if weights_out is not None:
         weights_out.append(weights.detach())
