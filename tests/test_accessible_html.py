@@ -13,6 +13,7 @@ from pathlib import Path
 
 import nbformat
 from sphinx.application import Sphinx
+from test_selfcheck import own_warnings
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -46,9 +47,8 @@ def build(out: Path, extensions: list[str]) -> tuple[str, str, str]:
     warnings = io.StringIO()
     Sphinx(str(src), str(src), str(out / "html"), str(out / ".doctrees"), "html", status=None,
            warning=warnings, freshenv=True).build()
-    own = [ln for ln in warnings.getvalue().splitlines()  # a second Sphinx in one process re-registers docutils'
-           if not ("while setting up extension sphinx." in ln and "is already registered" in ln)]
-    return (out / "html" / "index.html").read_text(), (out / "html" / "cell.html").read_text(), "\n".join(own)
+    return ((out / "html" / "index.html").read_text(), (out / "html" / "cell.html").read_text(),
+            own_warnings(warnings.getvalue()))
 
 
 def test_bibliography_entries_are_list_items_and_folded_cells_are_named_by_their_prompt(tmp_path):

@@ -116,11 +116,15 @@ def build(markdown: str, out: Path, glued: dict[str, object] | None = None) -> t
     app = Sphinx(str(src), str(src), str(out / "html"), str(out / ".doctrees"), "html", status=None,
                  warning=warnings, freshenv=True)
     app.build()
-    # Sphinx registers docutils' nodes and roles for the whole process: a build after another in the same process
-    # (another test's) warns that each is "already registered" while setting up the extensions (Sphinx's, myst_nb)
-    own = [ln for ln in warnings.getvalue().splitlines()
-           if not ("while setting up extension " in ln and "is already registered" in ln)]
-    return out / "html", "\n".join(own)
+    return out / "html", own_warnings(warnings.getvalue())
+
+
+def own_warnings(log: str) -> str:
+    """A Sphinx build's warnings, less those of a second build in one process: Sphinx registers docutils' nodes
+    and roles for the whole process, so a build after another (another test's) warns that each is "already
+    registered" while setting up the extensions (Sphinx's, myst_nb)."""
+    return "\n".join(ln for ln in log.splitlines()
+                     if not ("while setting up extension " in ln and "is already registered" in ln))
 
 
 def test_a_question_renders_with_its_answer_folded(tmp_path):
