@@ -283,12 +283,13 @@ class Client:
     def __init__(self, reg: Registration, log: Callable[[str], None] = print, *, allow_http: bool = False,
                  dry_run: bool = False) -> None:
         self.reg, self.log, self.dry_run = reg, log, dry_run
+        origins: dict[str, Origin] = {}
         for key in ENDPOINTS:
-            scheme, host, _ = origin(getattr(reg, key), key)
+            scheme, host, _ = origins[key] = origin(getattr(reg, key), key)
             if scheme != "https" and not (allow_http or is_loopback(host)):
                 raise LtiError(f"{key} {shown(getattr(reg, key))}: plain http would carry the token and the scores "
                                "in clear; use https (http is accepted for a loopback host, or with --allow-http)")
-        self.origins = {origin(reg.lineitems_url, "lineitems_url"), origin(reg.memberships_url, "memberships_url")}
+        self.origins = {origins["lineitems_url"], origins["memberships_url"]}
         self.session = requests.Session()
         self._token = ""
 
