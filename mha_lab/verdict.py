@@ -133,7 +133,7 @@ def closeness_each(values: Sequence[float], reference: float, margin: float = TI
     """``closeness`` of several values to one reference, said once where they agree: "within 25% of",
     "53% and 57% below"; else each in turn: "within 25% of and 30% above"."""
     words = [closeness(v, reference, margin) for v in values]
-    if len(set(words)) == 1 or too_noisy(margin):
+    if len(set(words)) == 1:  # also when too noisy: closeness then says the same of every value
         return words[0]
     signs = {relation(v, reference, margin) for v in values}
     if signs in ({1}, {-1}):  # all above or all below: the direction once
