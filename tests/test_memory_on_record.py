@@ -7,7 +7,7 @@ import pytest
 
 from mha_lab.grading import checks
 from mha_lab.grading.batch import CellResult, StudentResult, memory_reading
-from mha_lab.instructor import gradesheet, report
+from mha_lab.instructor import gradesheet, report, spreadsheet
 
 MiB = 2**20
 
@@ -33,6 +33,7 @@ def test_the_grade_sheet_and_the_report_give_each_reading(tmp_path):
 
     sheet = tmp_path / "grades_hw.csv"
     gradesheet.write_csv([student("ann", 9.93), student("bob", 4.0), student("cy", 30.5)], sheet)
-    rows = {r["student"]: r for r in gradesheet.spreadsheet.DictReader(open(sheet, newline=""))}
+    with open(sheet, newline="", encoding="utf-8") as f:
+        rows = {r["student"]: r for r in spreadsheet.DictReader(f)}
     assert rows["ann"]["memory_peak"] == "mem: peak 9.93 MiB of a 12.00 MiB budget", rows["ann"]
     assert report.memory_rows(sheet) == [("mem", "3", "4.00", "9.93", "30.50", "12.00", "1")]
