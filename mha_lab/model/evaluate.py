@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m mha_lab lm-eval",
         description="Measure the course's trained model (sinks, sliding windows, quantised caches, RoPE past "
                     "the training length, GQA conversion) and write the JSON the chapters render "
-                    "(about a minute on one core).")
+                    "(a few minutes on one thread; the file records how long it took).")
     parser.add_argument("--out", type=Path, default=MEASUREMENTS, help=f"where to write (default {MEASUREMENTS})")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     result = measure()
