@@ -41,7 +41,8 @@ LONG = {"factor": 4, "steps": 40, "batch": 2, "lr": 1e-3, "warmup": 10, "seed": 
 only the attention projections and the norms learn (positions act nowhere else), so a variant
 stores 0.2 M numbers, not 0.76 M."""
 GQA = {"num_kv_heads": 1, "steps": 30, "batch": 16, "lr": 3e-4, "warmup": 5, "seed": 2}
-"""The GQA uptraining: 5% of pretraining's steps (the GQA paper's share), at pretraining's final rate."""
+"""The GQA uptraining: 6% of pretraining's steps (the GQA paper uptrains for 5%), at pretraining's final
+rate."""
 VALID_WINDOWS = 64
 
 
