@@ -305,7 +305,7 @@ def serving_step_cost(config: ModelConfig, n_params: float, chunks: Sequence[tup
     if any(n < 1 or c < n for n, c in chunks):
         raise ValueError(f"every chunk needs 1 <= new <= context, got {list(chunks)}")
     s, L = dtype_bytes(dtype), config.n_layers
-    per_position = 2 * L * config.n_kv_heads * config.head_dim * s  # one position's K and V, every layer
+    per_position = kv_elements_per_token(config) * L * s  # one position's cache, every layer
     return {
         "weight_flops": 2 * n_params * sum(n for n, _ in chunks),
         "attn_flops": 4 * L * config.n_heads * config.head_dim * sum(n * c - n * (n - 1) / 2 for n, c in chunks),
