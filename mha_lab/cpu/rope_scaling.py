@@ -66,9 +66,7 @@ def yarn_ramp_bounds(dim: int, original_len: int, base: float = 10000.0,
               {\ln\theta_\text{base}}
     """
     def pair(turns: float) -> float:  # r_i = L_train base^(-2i/d) / 2pi, for i
-        return dim / 2 * math.log(original_len / (2 * math.pi * turns)) / log_base
-
-    log_base = math.log(base)
+        return dim / 2 * math.log(original_len / (2 * math.pi * turns)) / math.log(base)
 
     return pair(beta_fast), pair(beta_slow)
 
