@@ -54,8 +54,9 @@ def interleaved_times(fns: dict[str, Callable[[], object]], repeat: int = 5, war
 
 def fastest_runs(fns: dict[str, Callable[[], object]], runs: int = 3, repeat: int = 5,
                  clock: Callable[[], float] = time.perf_counter) -> dict[str, list[float]]:
-    """Each function's fastest-of-``repeat`` time in seconds, measured ``runs`` times over (``interleaved_times``):
-    how far such a reading wanders on this machine, for ``mha_lab.verdict.spread``."""
+    """Each function's fastest-of-``repeat`` time in seconds, measured ``runs`` times over (``interleaved_times``).
+    Each round times every function in turn, so reading r of two functions is a pair under the same load: the
+    pairs that ``mha_lab.verdict.paired_margin`` takes its margin from."""
     if runs < 2:
         raise ValueError(f"runs must be at least 2 to show a spread, got {runs}")
     readings: dict[str, list[float]] = {name: [] for name in fns}
