@@ -31,7 +31,7 @@ from mha_lab.parallel.layer import CommLog
 from mha_lab.parallel.sequence import shard_sequence, unshard_sequence
 from mha_lab.testing import tolerances
 
-__all__ = ["Case", "inputs", "check_case", "check_worker", "format_report", "validate", "main"]
+__all__ = ["Case", "inputs", "rank_inputs", "check_case", "check_worker", "format_report", "validate", "main"]
 
 MODES = {"ring": ring_attention, "ulysses": ulysses_attention}
 
@@ -80,6 +80,14 @@ def inputs(case: Case) -> tuple[torch.Tensor, ...]:
     return tuple(torch.randn(s, generator=gen, dtype=dtype) for s in shapes)
 
 
+def rank_inputs(case: Case, device: torch.device, group: dist.ProcessGroup | None = None) -> tuple[torch.Tensor, ...]:
+    """This rank's block of ``inputs(case)``, on ``device``: q, k, v (requiring gradients) and the output gradient."""
+    n, rank = dist.get_world_size(group), dist.get_rank(group)
+    q, k, v, grad_out = (torch.from_numpy(shard_sequence(t.numpy(), n, case.zigzag)[rank]).to(device)
+                         for t in inputs(case))
+    return q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), grad_out
+
+
 def _formula(case: Case, world_size: int) -> dict[str, int]:
     kv = case.kv_heads or case.heads
     if case.mode == "ring":
@@ -90,11 +98,10 @@ def _formula(case: Case, world_size: int) -> dict[str, int]:
 def check_case(case: Case, device: torch.device, group: dist.ProcessGroup | None = None) -> dict | None:
     """Forward and backward of this rank's block; rank 0 gets the report, the others None. Collective."""
     n, rank = dist.get_world_size(group), dist.get_rank(group)
-    mine = [torch.from_numpy(shard_sequence(t.numpy(), n, case.zigzag)[rank]).to(device) for t in inputs(case)]
-    q, k, v = (t.requires_grad_() for t in mine[:3])
+    q, k, v, grad_out = rank_inputs(case, device, group)
     log = CommLog()
     out = MODES[case.mode](q, k, v, case.causal, group, log)
-    out.backward(mine[3])
+    out.backward(grad_out)
     shard = {name: t.detach().cpu().numpy() for name, t in
              (("output", out), ("grad_q", q.grad), ("grad_k", k.grad), ("grad_v", v.grad))}
     shard["comm"] = log.records

@@ -22,11 +22,10 @@ import torch.distributed as dist
 from mha_lab.analysis import count_backward_flops, count_flops
 from mha_lab.measure import median_time, usable_cores
 from mha_lab.parallel.check import OPS, Case, reference
-from mha_lab.parallel.context_check import MODES, inputs
+from mha_lab.parallel.context_check import MODES, rank_inputs
 from mha_lab.parallel.context_check import Case as CpCase
 from mha_lab.parallel.launch import spawn
 from mha_lab.parallel.layer import CommLog, TensorParallelAttention
-from mha_lab.parallel.sequence import shard_sequence
 
 __all__ = ["step_seconds", "scaling_worker", "measure_scaling", "context_step_seconds", "context_scaling_worker",
            "measure_context_scaling"]
@@ -83,10 +82,7 @@ def context_step_seconds(case: CpCase, device: torch.device, group: dist.Process
                          repeat: int = 5) -> dict:
     """This rank's median time of ring or Ulysses attention forward and backward on its block, the time spent
     communicating (not hidden by compute), and the bytes it sent. Collective."""
-    n, rank = dist.get_world_size(group), dist.get_rank(group)
-    q, k, v, grad_out = (torch.from_numpy(shard_sequence(t.numpy(), n, case.zigzag)[rank]).to(device)
-                         for t in inputs(case))
-    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    q, k, v, grad_out = rank_inputs(case, device, group)
     log, comm_seconds = CommLog(), []
 
     def step() -> None:
