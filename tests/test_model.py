@@ -18,7 +18,7 @@ from mha_lab.cpu.rope_scaling import interpolation_frequencies, rope_frequencies
 from mha_lab.model import MEASUREMENTS, WEIGHTS, corpus
 from mha_lab.model.caches import kivi_core, kivi_masks, streaming_core
 from mha_lab.model.evaluate import attention_to_first, perplexity, recompute_nll, token_nll
-from mha_lab.model.train import PRETRAIN, VARIANTS, load, pretrain, sha256
+from mha_lab.model.train import PRETRAIN, VARIANTS, load, pretrain, sha256, validation_loss
 from mha_lab.model.transformer import BOS, ByteLM, Config, Rope, causal_core, eager_core, pool_kv_heads, rotate
 
 SMALL = Config(d_model=32, num_layers=2, num_heads=4, num_kv_heads=2, train_len=24)
@@ -56,7 +56,6 @@ def test_every_stored_weight_file_has_its_logged_sha256():
 
 
 def test_the_logged_validation_loss_is_what_the_stored_base_model_scores():
-    from mha_lab.model.train import validation_loss
     # the log scored the float32 weights; their float16 copies move the loss by well under 0.01 nats
     assert validation_loss(load("base")) == pytest.approx(_log("base")["valid_loss"], abs=0.01)
 
