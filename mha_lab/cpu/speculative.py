@@ -116,11 +116,6 @@ class SpecStats:
         """Accepted drafts per acceptance test."""
         return self.accepted / self.tested
 
-    @property
-    def tokens_per_round(self) -> float:
-        """Tokens out per pass of the target."""
-        return self.tokens / self.rounds
-
 
 def speculative_generate(target: TinyLM, draft: TinyLM, prompt: list[int], n: int, k: int, draw: Draw,
                          block_size: int = 4, num_blocks: int = 256) -> tuple[list[int], SpecStats]:
