@@ -5,7 +5,7 @@ throughput on traces small enough to count by hand; static batching's padded ste
 import numpy as np
 import pytest
 
-from mha_lab.cpu.paged import BlockAllocator, PagedKVCache
+from mha_lab.cpu.paged import PagedKVCache
 from mha_lab.cpu.scheduler import Chunk, ContinuousBatcher, Request, latency_summary, static_batching
 from mha_lab.cpu.tiny_lm import TinyLM
 from mha_lab.testing import assert_close
@@ -29,7 +29,7 @@ def trace(n=7, seed=0):
 def test_a_step_over_mixed_chunks_equals_the_plain_forward():
     rng = np.random.default_rng(1)
     a, b = rng.integers(0, 32, (2, 13))
-    cache = PagedKVCache(BlockAllocator(16, 4, 2, 4))
+    cache = PagedKVCache.for_layer(MODEL.layer, num_blocks=16, block_size=4)
     s, t = cache.add_sequence(), cache.add_sequence()
     MODEL.step(cache, {s: a[:6].tolist(), t: b[:1].tolist()})
     out = MODEL.step(cache, {s: a[6:7].tolist(), t: b[1:13].tolist()})  # a decode beside a prefill chunk

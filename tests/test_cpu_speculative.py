@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mha_lab.cpu import speculative as sp
-from mha_lab.cpu.paged import BlockAllocator, PagedKVCache
+from mha_lab.cpu.paged import PagedKVCache
 from mha_lab.cpu.speculative import (
     RandomDraw,
     enumerate_outcomes,
@@ -84,7 +84,7 @@ def test_speculative_sampling_is_the_targets_distribution(k):
 def rejected_then_replaced(cache_bug=None):
     """Score 3 drafts after a prompt, keep the first, replace the second: logits of the replacement and plain's."""
     model = TinyLM(vocab=16, seed=7)
-    cache = PagedKVCache(BlockAllocator(8, 4, model.layer.num_kv_heads, model.layer.d_k))
+    cache = PagedKVCache.for_layer(model.layer, num_blocks=8, block_size=4)
     seq = cache.add_sequence()
     prompt, drafts = [3, 1, 4, 1, 5], [9, 2, 6]
     model.step(cache, {seq: prompt + drafts})
