@@ -1,21 +1,22 @@
 r"""RoPE past its training length: the base, position interpolation, NTK-aware scaling, YaRN, partial rotary.
 
-RoPE rotates pair i of a head by :math:`p\,f_i` with frequencies :math:`f_i = \theta^{-2i/d}`,
-i < d/2. Pair i turns once every :math:`\lambda_i = 2\pi / f_i` positions. A model trained on
-L positions has seen the slow pairs turn through only part of a circle; at a longer context
-they reach angles it never saw. Each method below changes the frequencies so that a context
-s times longer (``factor`` s) stays within what was trained:
+RoPE rotates pair i of a head by :math:`p\,\omega_i` with frequencies
+:math:`\omega_i = \theta_\text{base}^{-2i/d_k}`, i < d_k/2. Pair i turns once every
+:math:`\lambda_i = 2\pi / \omega_i` positions. A model trained on :math:`L_\text{train}` positions
+has seen the slow pairs turn through only part of a circle; at a longer context they reach angles
+it never saw. Each method below changes the frequencies so that a context :math:`\kappa` times
+longer (``factor``; s in the papers) stays within what was trained:
 
-- a larger base :math:`\theta` (Llama 3: 500,000 instead of 10,000) slows every pair;
-- position interpolation (Chen et al. 2023) divides every frequency by s;
-- NTK-aware scaling raises the base to :math:`\theta\,s^{d/(d-2)}`: the fastest pair keeps its
-  frequency, the slowest is divided by s;
+- a larger base :math:`\theta_\text{base}` (Llama 3: 500,000 instead of 10,000) slows every pair;
+- position interpolation (Chen et al. 2023) divides every frequency by :math:`\kappa`;
+- NTK-aware scaling raises the base to :math:`\theta_\text{base}\,\kappa^{d_k/(d_k-2)}`: the fastest
+  pair keeps its frequency, the slowest is divided by :math:`\kappa`;
 - YaRN (Peng et al. 2023) interpolates only the pairs that turn less than
-  :math:`\beta_\text{slow}` times over L, keeps those that turn more than
+  :math:`\beta_\text{slow}` times over :math:`L_\text{train}`, keeps those that turn more than
   :math:`\beta_\text{fast}` times (the paper's :math:`\alpha` and :math:`\beta`), ramps in
-  between, and sharpens the softmax by :math:`(0.1 \ln s + 1)^2`. The paper ramps linearly in
-  the number of turns r; the code people run (the YaRN repository, Hugging Face, gpt-oss) ramps
-  linearly in the pair index: ``yarn_frequencies(..., ramp="turns")`` and ``ramp="index"``.
+  between, and sharpens the softmax by :math:`(0.1 \ln \kappa + 1)^2`. The paper ramps linearly in
+  the number of turns :math:`r_i`; the code people run (the YaRN repository, Hugging Face, gpt-oss)
+  ramps linearly in the pair index: ``yarn_frequencies(..., ramp="turns")`` and ``ramp="index"``.
 
 PI and YaRN are followed by a short fine-tune at the longer length in their papers; these
 functions give the frequencies, not a model that already uses them well.
@@ -45,7 +46,7 @@ def _check_factor(factor: float) -> None:
 
 
 def interpolation_frequencies(dim: int, factor: float, base: float = 10000.0) -> np.ndarray:
-    r"""Position interpolation: :math:`f_i / s`, i.e. position p is rotated as if it were p / s."""
+    r"""Position interpolation: :math:`\omega_i / \kappa`, i.e. position p is rotated as if it were p / kappa."""
     _check_factor(factor)
     return rope_frequencies(dim, base) / factor
 
@@ -106,7 +107,7 @@ def yarn_frequencies(dim: int, factor: float, original_len: int,
 
 
 def yarn_attention_factor(factor: float) -> float:
-    r"""YaRN's factor on q and k (so its square on the scores): :math:`\sqrt{1/t} = 0.1 \ln s + 1`."""
+    r"""YaRN's factor on q and k (so its square on the scores): :math:`\sqrt{1/t} = 0.1 \ln \kappa + 1`."""
     _check_factor(factor)
     return 0.1 * float(np.log(factor)) + 1.0
 
