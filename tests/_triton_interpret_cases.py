@@ -41,11 +41,14 @@ def _grid() -> list[dict]:
          "sm_scale": 0.3},
         {"kind": "forward", "dtype": "float64", "L": 25, "causal": True, "layout": "GQA", "D": 32, "B": 2,
          "strided": True},
-        {"kind": "backward", "dtype": "float64", "L": 97, "causal": True, "layout": "MHA", "D": 32, "B": 1},
+        {"kind": "backward", "dtype": "float64", "L": 61, "causal": True, "layout": "MHA", "D": 32, "B": 1},
         {"kind": "backward", "dtype": "float64", "L": 7, "causal": False, "layout": "GQA", "D": 16, "B": 2},
         {"kind": "backward", "dtype": "float64", "L": 33, "causal": True, "layout": "MQA", "D": 64, "B": 1},
         {"kind": "backward", "dtype": "float64", "L": 20, "causal": True, "layout": "GQA", "D": 40, "B": 1},
         {"kind": "backward", "dtype": "float32", "L": 50, "causal": True, "layout": "GQA", "D": 32, "B": 1},
+        {"kind": "backward", "dtype": "float64", "L": 1, "causal": True, "layout": "MQA", "D": 16, "B": 2},
+        {"kind": "backward", "dtype": "float64", "L": 35, "causal": False, "layout": "GQA", "D": 16, "B": 1,
+         "strided": True},
         {"kind": "module", "dtype": "float64", "L": 19, "causal": True, "layout": "GQA", "D": 16, "B": 2},
         {"kind": "module", "dtype": "float64", "L": 7, "causal": False, "layout": "MHA", "D": 32, "B": 3},
         {"kind": "errors"},
@@ -111,7 +114,7 @@ def run_forward(case: dict) -> None:
 
 
 def run_backward(case: dict) -> None:
-    """Gradients of the kernel (recompute backward) against torch autograd through the plain reference."""
+    """Gradients of the kernel (its Triton backward) against torch autograd through the plain reference."""
     import torch
 
     from mha_lab.cuda.attention import attention_ref
@@ -174,11 +177,13 @@ def run_errors(case: dict) -> None:
 
 
 def run_bench(case: dict) -> None:
-    """The GPU benchmark's harness on one tiny shape: the agreement check, the row's arithmetic, and that
-    a wrong kernel stops it. Times come from a CPU clock here, so only their bookkeeping is checked."""
+    """The GPU benchmark's harness on one tiny shape: the agreement checks, the rows' arithmetic, and that a
+    wrong forward or a wrong backward stops it. Times come from a CPU clock here, so only their bookkeeping
+    is checked."""
     import time
 
     import mha_lab.cuda.flash as flash
+    import mha_lab.cuda.flash_backward as flash_backward
     from mha_lab.cuda import bench_gpu
 
     def cpu_time_ms(fn):
@@ -187,21 +192,30 @@ def run_bench(case: dict) -> None:
         return (time.perf_counter() - start) * 1e3
 
     bench_gpu.time_ms = cpu_time_ms  # do_bench needs CUDA events
-    row = bench_gpu.bench_case("float32", 16, True, 40, batch=1, heads=2, device="cpu")
-    assert row["max_abs_diff"] < 1e-5, row
-    assert math.isclose(row["ratio"], row["sdpa_ms"] / row["ours_ms"]), row
+    forward, train = bench_gpu.bench_case("float32", 16, True, 40, batch=1, heads=2, device="cpu")
+    assert (forward["pass"], train["pass"]) == bench_gpu.PASSES, (forward, train)
+    assert forward["max_abs_diff"] < 1e-5 and forward["grad_gap"] < 1e-5, forward
     flops = 4 * 2 * (40 * 41 // 2) * 16  # H=2 heads, L(L+1)/2 causal pairs, 2D FLOPs each in QK^T and in PV
-    assert math.isclose(row["ours_tflops"], flops / row["ours_ms"] / 1e9), row
-    right = flash.flash_attention
-    flash.flash_attention = lambda q, k, v, causal=False: right(q, k, v, causal=not causal)  # the wrong mask
-    try:
-        bench_gpu.bench_case("float32", 16, True, 40, batch=1, heads=2, device="cpu")
-    except AssertionError as err:
-        assert "disagree" in str(err), err
-    else:
-        raise AssertionError("a kernel with the wrong mask was timed")
-    finally:
-        flash.flash_attention = right
+    for row, counted in ((forward, flops), (train, 3 * flops)):  # the backward counts its four products
+        assert math.isclose(row["ratio"], row["sdpa_ms"] / row["ours_ms"]), row
+        assert math.isclose(row["ours_tflops"], counted / row["ours_ms"] / 1e9), row
+        assert set(bench_gpu.ROW_FIELDS) <= set(row), row
+    assert train["ours_tiles"] == "16x16 w1 s1; dK/dV 16x16 w1 s1; dQ 16x16 w1 s1", train
+    right = {"flash_attention": flash.flash_attention, "flash_backward": flash_backward.flash_backward}
+    wrong = {"disagree by": (flash, "flash_attention",  # the wrong mask
+                             lambda q, k, v, causal=False: right["flash_attention"](q, k, v, causal=not causal)),
+             "gradients disagree": (flash_backward, "flash_backward",  # gradients 10% too large
+                                    lambda *args: tuple(1.1 * g for g in right["flash_backward"](*args)))}
+    for message, (module, name, broken) in wrong.items():
+        setattr(module, name, broken)
+        try:
+            bench_gpu.bench_case("float32", 16, True, 40, batch=1, heads=2, device="cpu")
+        except AssertionError as err:
+            assert message in str(err), err
+        else:
+            raise AssertionError(f"a wrong {name} was timed")
+        finally:
+            setattr(module, name, right[name])
 
 
 RUNNERS = {"forward": run_forward, "backward": run_backward, "module": run_module, "errors": run_errors,

@@ -268,20 +268,22 @@ def test_the_numpy_and_pytorch_cores_agree(h_kv):
 
 # --- the GPU benchmark's arithmetic (runs anywhere) -------------------------------------------------------------
 
+def _row(L, ratio, pass_="forward", dtype="float16", causal=False, D=64):
+    return {"dtype": dtype, "head_dim": D, "causal": causal, "seq_len": L, "pass": pass_, "ours_ms": 1.0,
+            "sdpa_ms": ratio, "ours_tflops": 100.0, "sdpa_tflops": 100.0 / ratio, "ratio": ratio,
+            "ours_tiles": "128x64 w4 s3"}
+
+
 def test_benchmark_table_formatting():
     from mha_lab.cuda.bench_gpu import format_table
 
-    rows = [
-        {"dtype": "float16", "head_dim": 64, "causal": False, "seq_len": 2048, "ours_ms": 1.5, "sdpa_ms": 1.2,
-         "ours_tflops": 91.62, "sdpa_tflops": 114.53, "ratio": 0.8},
-        {"dtype": "bfloat16", "head_dim": 128, "causal": True, "seq_len": 16384, "ours_ms": 40.0, "sdpa_ms": 44.0,
-         "ours_tflops": 220.0, "sdpa_tflops": 200.0, "ratio": 1.1},
-    ]
+    rows = [{**_row(2048, 0.8), "ours_tflops": 91.62, "sdpa_tflops": 114.53},
+            {**_row(16384, 1.1, "forward+backward", "bfloat16", True, 128), "ours_tflops": 220.0, "sdpa_tflops": 200.0}]
     lines = format_table(rows).splitlines()
     assert len(lines) == 4  # header, rule, two rows
-    assert lines[0] == "| dtype | D | causal | L | ours TFLOP/s | SDPA TFLOP/s | ratio |"
-    assert lines[2] == "| float16 | 64 | no | 2048 | 91.6 | 114.5 | 0.80 |"
-    assert lines[3] == "| bfloat16 | 128 | yes | 16384 | 220.0 | 200.0 | 1.10 |"
+    assert lines[0] == "| dtype | D | causal | L | pass | ours TFLOP/s | SDPA TFLOP/s | ratio |"
+    assert lines[2] == "| float16 | 64 | no | 2048 | forward | 91.6 | 114.5 | 0.80 |"
+    assert lines[3] == "| bfloat16 | 128 | yes | 16384 | forward+backward | 220.0 | 200.0 | 1.10 |"
 
 
 def test_benchmark_fails_clearly_without_cuda(capsys):
@@ -293,49 +295,59 @@ def test_benchmark_fails_clearly_without_cuda(capsys):
     assert "CUDA" in capsys.readouterr().err
 
 
-def test_benchmark_report_prints_table_verdict_and_json(monkeypatch, tmp_path, capsys):
+def test_benchmark_report_prints_table_verdicts_and_json(monkeypatch, tmp_path, capsys):
     from mha_lab.cuda import bench_gpu
 
-    def row(L, ratio):
-        return {"dtype": "float16", "head_dim": 64, "causal": False, "seq_len": L, "ours_ms": 1.0, "sdpa_ms": ratio,
-                "ours_tflops": 100.0, "sdpa_tflops": 100.0 / ratio, "ratio": ratio}
+    # L = 1024 is below the targets' range; the forward misses 1.0 at 2048, forward+backward meets 0.8
+    rows = [_row(1024, 0.5), _row(2048, 0.95), _row(4096, 1.2), _row(2048, 0.85, "forward+backward")]
+    info = {"device": "Test GPU", "driver": "1.0", "sm_clock_max_mhz": 1980.0, "memory_clock_max_mhz": 3201.0,
+            "multiprocessors": 132, "torch": "2", "triton": "3", "cuda": "13", "date": "2026-01-01"}
+    calls = []
 
-    rows = [row(1024, 0.5), row(2048, 0.75), row(4096, 0.9)]  # L = 1024 is below the target's range
+    def fake_run(dtypes, head_dims, causals, seq_lens, progress, on_rows):
+        calls.append((dtypes, head_dims, causals, seq_lens))
+        on_rows(rows[:1])
+        partial = json.loads((tmp_path / "bench_gpu.json").read_text())  # written after each shape
+        assert partial["complete"] is False and partial["rows"] == rows[:1]
+        return rows
+
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_: "Test GPU")
-    monkeypatch.setattr(bench_gpu, "run", lambda quick, progress: rows)
-    assert bench_gpu.main(["--quick", "--out", str(tmp_path)]) == 0
+    monkeypatch.setattr(bench_gpu, "device_info", lambda: info)
+    monkeypatch.setattr(bench_gpu, "matmul_tflops", lambda: 789.0)
+    monkeypatch.setattr(bench_gpu, "run", fake_run)
+    assert bench_gpu.main(["--quick", "--out", str(tmp_path), "--seq-len", "2048", "8192", "--causal", "yes"]) == 0
+    assert calls == [(("float16",), (64, 128), (True,), (2048,))]  # --quick: fp16, L <= 4096
     out = capsys.readouterr().out
-    assert out.startswith("Test GPU, B=4, H=32") and bench_gpu.format_table(rows) in out
-    assert "worst ratio at L >= 2048: 0.75, misses the target of 0.8" in out
-    report = json.loads((tmp_path / "bench_gpu.json").read_text())
-    assert report["device"] == "Test GPU" and report["worst_ratio_from_2k"] == 0.75 and report["rows"] == rows
+    assert out.startswith("Test GPU (driver 1.0, SM clock up to 1980.0 MHz), B=4, H=32")
+    assert bench_gpu.format_table(rows) in out
+    assert "forward: worst ratio at L >= 2048: 0.95, misses the target of 1.0" in out
+    assert "forward+backward: worst ratio at L >= 2048: 0.85, meets the target of 0.8" in out
+    report = bench_gpu.read_report(tmp_path / "bench_gpu.json")
+    assert report["device"] == "Test GPU" and report["matmul_tflops"] == 789.0 and report["complete"] is True
+    assert report["worst_ratio_from_2k"] == {"forward": 0.95, "forward+backward": 0.85} and report["rows"] == rows
+
+
+def test_committed_gpu_report_has_every_field_the_book_reads(tmp_path):
+    """book/data/gpu_bench.json feeds chapter 9's table and figure: read_report names any field it lacks."""
+    from mha_lab.cuda.bench_gpu import REPORT_FIELDS, ROW_FIELDS, read_report
+
+    committed = ROOT / "book" / "data" / "gpu_bench.json"
+    report = read_report(committed)
+    assert report["complete"] and {r["pass"] for r in report["rows"]} == {"forward", "forward+backward"}
+    for field in REPORT_FIELDS:
+        broken = tmp_path / f"without_{field}.json"
+        broken.write_text(json.dumps({k: v for k, v in report.items() if k != field}))
+        with pytest.raises(ValueError, match=f"no '{field}' field"):
+            read_report(broken)
+    for field in ROW_FIELDS:
+        broken = tmp_path / f"row_without_{field}.json"
+        rows = [report["rows"][0], {k: v for k, v in report["rows"][1].items() if k != field}]
+        broken.write_text(json.dumps({**report, "rows": rows}))
+        with pytest.raises(ValueError, match=f"row 1 has no '{field}' field"):
+            read_report(broken)
 
 
 # --- GPU: the kernel at full size and in half precision -----------------------------------------------------------
-
-def _error_vs_fp32(dtype, B, H, H_kv, L, D, causal):
-    """(kernel error, plain PyTorch error) in ``dtype``, both against the float32 reference, forward and grads."""
-    from mha_lab.cuda.attention import attention_ref
-    from mha_lab.cuda.flash import flash_attention
-
-    gen = torch.Generator(device="cuda").manual_seed(L + D)
-    q = torch.randn(B, H, L, D, device="cuda", dtype=dtype, generator=gen)
-    k, v = (torch.randn(B, H_kv, L, D, device="cuda", dtype=dtype, generator=gen) for _ in range(2))
-    g = torch.randn(B, H, L, D, device="cuda", dtype=dtype, generator=gen)
-    results = {}
-    for name, fn in (("ours", lambda *t: flash_attention(*t, causal=causal)),
-                     ("torch", lambda *t: attention_ref(*t, causal=causal, upcast=False)),
-                     ("ref", lambda *t: attention_ref(*t, causal=causal, upcast=True))):
-        leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
-        out = fn(*leaves)
-        results[name] = [out, *torch.autograd.grad(out, leaves, g)]  # out, dq, dk, dv
-
-    def max_errors(name):
-        return [(a.float() - r.float()).abs().max().item() for a, r in zip(results[name], results["ref"], strict=True)]
-
-    return max_errors("ours"), max_errors("torch")
-
 
 @pytest.mark.gpu
 @requires_cuda
@@ -344,9 +356,40 @@ def _error_vs_fp32(dtype, B, H, H_kv, L, D, causal):
     (2, 8, 8, 1024, 64, False), (2, 8, 2, 1000, 128, True), (1, 4, 1, 4097, 64, True), (3, 6, 3, 97, 40, False),
 ])
 def test_gpu_half_precision_error_is_at_most_twice_pytorchs(dtype, B, H, H_kv, L, D, causal):
-    ours, plain = _error_vs_fp32(getattr(torch, dtype), B, H, H_kv, L, D, causal)
-    for what, e_ours, e_plain in zip(("out", "dq", "dk", "dv"), ours, plain, strict=True):
+    from mha_lab.cuda.bench_gpu import accuracy_vs_fp32
+
+    errors = accuracy_vs_fp32(getattr(torch, dtype), B, H, H_kv, L, D, causal)
+    for what, e_ours in errors["ours"].items():
+        e_plain = errors["torch"][what]
         assert e_ours <= 2 * e_plain + 1e-5, f"{what}: kernel error {e_ours:.2e} vs PyTorch's {e_plain:.2e}"
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_gpu_triton_backward_matches_float32_autograd_on_ragged_gqa(dtype):
+    """The backward kernels alone, on a length that is no multiple of any tile, a padded head size (80) and a
+    group of 4 query heads per key/value head: dK and dV sum the group inside one program."""
+    from mha_lab.cuda.attention import attention_ref
+    from mha_lab.cuda.flash import _flash_forward
+    from mha_lab.cuda.flash_backward import flash_backward
+
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    dt = getattr(torch, dtype)
+    q, do = (torch.randn(2, 8, 1531, 80, device="cuda", dtype=dt, generator=gen) for _ in range(2))
+    k, v = (torch.randn(2, 2, 1531, 80, device="cuda", dtype=dt, generator=gen) for _ in range(2))
+    scale = 80 ** -0.5
+    out, lse = _flash_forward(q, k, v, True, scale)
+    got = flash_backward(q, k, v, out, lse, do, True, scale)
+    grads = {}
+    for name, inputs in (("fp32", [t.float() for t in (q, k, v)]), ("plain", [q, k, v])):
+        leaves = [t.detach().clone().requires_grad_(True) for t in inputs]
+        ref = attention_ref(*leaves, causal=True, upcast=False)
+        grads[name] = torch.autograd.grad(ref, leaves, do.to(ref.dtype))
+    for name, g, g32, plain in zip(("dq", "dk", "dv"), got, grads["fp32"], grads["plain"], strict=True):
+        assert g.dtype == dt and g.shape == g32.shape, name
+        e_ours, e_plain = ((x.float() - g32).abs().max().item() for x in (g, plain))
+        assert e_ours <= 2 * e_plain + 1e-5, f"{name}: kernel error {e_ours:.2e} vs PyTorch's {e_plain:.2e}"
 
 
 @pytest.mark.gpu

@@ -71,6 +71,17 @@ def test_head_sizes_that_are_not_a_power_of_two_or_are_small_build(arch, dtype, 
     assert build.fits and build.tensor_cores == (dtype != torch.float32), build
 
 
+@pytest.mark.parametrize("kernel", ["dkdv", "dq"])
+def test_backward_kernels_build_for_an_h100_with_tensor_cores_and_without_spills(kernel):
+    """The widest case, 16-bit at D = 128 and causal, with the first tile the autotuner tries."""
+    from mha_lab.cuda.flash_backward import backward_tile_candidates
+
+    tile = backward_tile_candidates(kernel, torch.bfloat16, 128)[0]
+    build = compiled.build_flash_kernel(90, torch.bfloat16, 128, True, tile, kernel)
+    assert build.kernel == kernel and build.tile == tile
+    assert build.fits and build.tensor_cores and build.warps_per_cta[0] * build.warps_per_cta[1] == tile[2], build
+
+
 def test_an_oversized_tile_is_reported_as_spilling():
     # 128 query rows x 128 head dims of fp32 accumulator over 4 warps is 128 registers a thread
     # for the accumulator alone: the compiler must spill, and the report must say so
@@ -78,18 +89,20 @@ def test_an_oversized_tile_is_reported_as_spilling():
     assert build.spill_bytes > 0 and build.registers == 255 and not build.fits
 
 
-@pytest.mark.parametrize(("arch", "dtype", "head_dim", "tile", "match"), [
-    (75, torch.float16, 64, (64, 64, 4, 3), "arch must be one of"),
-    (90, torch.float64, 64, (64, 64, 4, 3), "dtype must be one of"),
-    (90, torch.float16, 256, (64, 64, 4, 3), "head size D=256 is not supported"),
-    (90, torch.float16, 64, (64, 64, 4), "tile is"),
-    (90, torch.float16, 64, (64, 128, 4, 3), "BLOCK_N dividing BLOCK_M"),
-    (90, torch.float16, 64, (48, 16, 4, 3), "powers of two"),
-    (90, torch.float16, 64, (64, 64, 3, 3), "num_warps"),
+@pytest.mark.parametrize(("arch", "dtype", "head_dim", "tile", "match", "kernel"), [
+    (75, torch.float16, 64, (64, 64, 4, 3), "arch must be one of", "forward"),
+    (90, torch.float64, 64, (64, 64, 4, 3), "dtype must be one of", "forward"),
+    (90, torch.float16, 256, (64, 64, 4, 3), "head size D=256 is not supported", "forward"),
+    (90, torch.float16, 64, (64, 64, 4), "tile is", "forward"),
+    (90, torch.float16, 64, (64, 128, 4, 3), "BLOCK_N dividing BLOCK_M", "forward"),
+    (90, torch.float16, 64, (48, 16, 4, 3), "powers of two", "forward"),
+    (90, torch.float16, 64, (64, 64, 3, 3), "num_warps", "forward"),
+    (90, torch.float16, 64, (64, 32, 4, 3), "BLOCK_M dividing BLOCK_N", "dkdv"),
+    (90, torch.float16, 64, (64, 64, 4, 3), "kernel must be one of", "backward"),
 ])
-def test_bad_build_requests_are_rejected(arch, dtype, head_dim, tile, match):
+def test_bad_build_requests_are_rejected(arch, dtype, head_dim, tile, match, kernel):
     with pytest.raises((ValueError, TypeError), match=match):
-        compiled.build_flash_kernel(arch, dtype, head_dim, False, tile)
+        compiled.build_flash_kernel(arch, dtype, head_dim, False, tile, kernel)
 
 
 def test_command_line_prints_a_table_and_rejects_bad_tiles(capsys):

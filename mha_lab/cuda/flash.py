@@ -30,16 +30,16 @@ What the kernel supports:
   of two inside the kernel, with masked loads and stores (nothing is copied);
 * any sequence length: the last key block and the last query tile are masked.
 
-Tile sizes are not fixed: on a GPU, the first launch for each head size, causal flag and dtype
-times a few candidate tiles (``tile_candidates``) and keeps the fastest.
+Tile sizes are not fixed: on a GPU, the first launch for each head size, causal flag, dtype and
+length bucket (``length_bucket``) times a few candidate tiles (``tile_candidates``) and keeps the fastest.
 
-The backward pass is not a Triton kernel. It is a recompute-based ``torch.autograd.Function``:
-from the saved log-sum-exp it rebuilds :math:`P` one block of query rows at a time in
-PyTorch (float32, or float64 for float64 inputs), so training never holds the full
-:math:`L \times L` matrix either, at the price of speed.
+The backward pass is Triton too (``mha_lab.cuda.flash_backward``): from the saved log-sum-exp it
+rebuilds :math:`P` tile by tile on chip, so training never holds the full :math:`L \times L`
+matrix either. ``flash_attention_backward`` below is the same recomputation written in PyTorch,
+one block of query rows at a time: slower, but it runs on any device and shows the algorithm.
 
 Layout of this file, as in the Triton tutorials: the tile candidates, the kernel, the wrapper
-that validates inputs and launches it, and the backward; its reference in plain PyTorch is
+that validates inputs and launches it, and the backward in PyTorch; its reference in plain PyTorch is
 ``mha_lab.cuda.attention.attention_ref``, the "eager" backend's core.
 """
 
@@ -51,7 +51,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["flash_attention", "flash_attention_backward", "tile_candidates", "forward_kernel"]
+__all__ = ["flash_attention", "flash_attention_backward", "tile_candidates", "forward_kernel", "length_bucket"]
 
 _INTERPRET = triton.knobs.runtime.interpret  # decided when this module is imported, as for @triton.jit
 _MIN_HEAD_DIM, _MAX_HEAD_DIM = 16, 128
@@ -61,15 +61,16 @@ _INTERPRETER_DTYPES = (torch.float32, torch.float64)
 
 
 # Tile candidates (BLOCK_M, BLOCK_N, num_warps, num_stages), timed once per (head size, causal,
-# dtype) on first use. The first of each list is the usual FlashAttention-2 choice on A100/H100.
+# dtype, length bucket) on first use. The first of each list is the usual FlashAttention-2 choice on A100/H100.
 # Every candidate compiles for both without register spills (mha_lab.cuda.compiled, checked in
 # tests/test_triton_compile.py): the fp32 accumulator holds BLOCK_M x BLOCK_D values spread over
 # 32 x num_warps threads, so wide head sizes need more warps or fewer query rows, and 4-byte
 # inputs narrower key blocks. The interpreter gets one small tile, so that test-sized inputs
-# still span several query tiles, key blocks and ragged tails.
+# still span several query tiles, key blocks and ragged tails. On an H200 (book/data/gpu_bench.json)
+# each 16-bit candidate won at some length; 128 x 128 tiles, timed there too, never did.
 _GPU_TILES = {
     "16-bit, D <= 64": [(128, 64, 4, 3), (128, 64, 4, 4), (64, 64, 4, 3)],
-    "16-bit, D > 64": [(128, 64, 8, 3), (128, 32, 8, 3), (64, 64, 4, 3), (64, 32, 4, 3)],
+    "16-bit, D > 64": [(128, 64, 8, 3), (128, 64, 8, 4), (64, 64, 4, 3)],
     "32-bit, D <= 64": [(64, 32, 8, 2), (32, 32, 4, 2)],
     "32-bit, D > 64": [(64, 16, 8, 2), (32, 16, 4, 2), (32, 16, 4, 3)],
 }
@@ -79,6 +80,12 @@ _INTERPRETER_TILE = (16, 16, 1, 1)
 def _block_d(head_dim: int) -> int:
     """The head size the kernel works in: the next power of two, at least 16 (``tl.arange`` needs one)."""
     return max(triton.next_power_of_2(head_dim), _MIN_HEAD_DIM)
+
+
+def length_bucket(seq_len: int) -> int:
+    """The autotuners' length key: the next power of two, at least 1024, so that a tile is timed once per
+    octave of lengths (short sequences fill the GPU with fewer programs than long ones) and not per length."""
+    return max(triton.next_power_of_2(seq_len), 1024)
 
 
 def _dot_precision(dtype: torch.dtype) -> str:
@@ -133,6 +140,31 @@ def _load_tile(ptrs, rows, n_rows, cols, n_cols, CHECK_ROWS: tl.constexpr, CHECK
 
 
 @triton.jit
+def _program_heads(H, N_REP):
+    """Split this program's row of the grid's second axis, (batch, query head) flattened, into
+    (off_bh, off_b, off_h, off_h_kv): query head ``off_h`` reads key/value head ``off_h_kv`` (GQA/MQA)."""
+    off_bh = tl.program_id(1)
+    off_h = off_bh % H
+    return off_bh, off_bh // H, off_h, off_h // N_REP
+
+
+@triton.jit
+def _key_ranges(start_m, L, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    """The key loop of query tile ``start_m``: keys [0, unmasked_end) need no mask, [unmasked_end, masked_end) do.
+
+    Causal: keys before the tile's first query are visible to every row; the band up to its last
+    query needs the mask; keys after it are skipped. Otherwise only a ragged last key block is masked.
+    """
+    if CAUSAL:
+        unmasked_end = start_m * BLOCK_M
+        masked_end = tl.minimum((start_m + 1) * BLOCK_M, L)
+    else:
+        unmasked_end = (L // BLOCK_N) * BLOCK_N
+        masked_end = L
+    return unmasked_end, masked_end
+
+
+@triton.jit
 def _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
                     offs_m, offs_d, lo, hi, L, qk_scale,
                     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, PAD_D: tl.constexpr,
@@ -167,14 +199,15 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stri
     return acc, l_i, m_i
 
 
-@triton.autotune(configs=_CONFIGS, key=["HEAD_DIM", "CAUSAL"], prune_configs_by={"early_config_prune": _prune_tiles})
+@triton.autotune(configs=_CONFIGS, key=["HEAD_DIM", "CAUSAL", "L_BUCKET"],
+                 prune_configs_by={"early_config_prune": _prune_tiles})
 @triton.jit
 def _attn_fwd(Q, K, V, Out, LSE, sm_scale,
               stride_qb, stride_qh, stride_qm, stride_qd,
               stride_kb, stride_kh, stride_kn, stride_kd,
               stride_vb, stride_vh, stride_vn, stride_vd,
               stride_ob, stride_oh, stride_om, stride_od,
-              H, N_REP, L,
+              H, N_REP, L, L_BUCKET,
               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """One program: BLOCK_M query rows of one (batch, head); writes their output rows and log-sum-exp."""
@@ -182,10 +215,7 @@ def _attn_fwd(Q, K, V, Out, LSE, sm_scale,
     PAD_D: tl.constexpr = BLOCK_D != HEAD_DIM
     ACC: tl.constexpr = tl.float64 if Q.dtype.element_ty == tl.float64 else tl.float32
     start_m = tl.program_id(0)
-    off_bh = tl.program_id(1)  # flattened (batch, query head)
-    off_b = off_bh // H
-    off_h = off_bh % H
-    off_h_kv = off_h // N_REP  # GQA/MQA: the key/value head this query head shares
+    off_bh, off_b, off_h, off_h_kv = _program_heads(H, N_REP)
     q_base = Q + off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * stride_qh
     k_base = K + off_b.to(tl.int64) * stride_kb + off_h_kv.to(tl.int64) * stride_kh
     v_base = V + off_b.to(tl.int64) * stride_vb + off_h_kv.to(tl.int64) * stride_vh
@@ -202,14 +232,7 @@ def _attn_fwd(Q, K, V, Out, LSE, sm_scale,
     # fold log2(e) into the scale, exp(x) = exp2(x log2(e)); held in ACC so float64 keeps its precision
     qk_scale = tl.full([], sm_scale * 1.4426950408889634, ACC)
 
-    if CAUSAL:
-        # keys before the tile's first query are visible to every row: no mask;
-        # the band up to its last query needs the causal mask; keys after it are skipped
-        unmasked_end = start_m * BLOCK_M
-        masked_end = tl.minimum((start_m + 1) * BLOCK_M, L)
-    else:
-        unmasked_end = (L // BLOCK_N) * BLOCK_N  # full key blocks; only a ragged tail is masked
-        masked_end = L
+    unmasked_end, masked_end = _key_ranges(start_m, L, BLOCK_M, BLOCK_N, CAUSAL)
     acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
                                     offs_m, offs_d, 0, unmasked_end, L, qk_scale,
                                     HEAD_DIM, BLOCK_N, PAD_D, CAUSAL, False, DOT_PRECISION)
@@ -275,7 +298,7 @@ def _flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
     _attn_fwd[grid](
         q, k, v, out, lse, sm_scale,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(),
-        H, H // k.shape[1], L,
+        H, H // k.shape[1], L, length_bucket(L),
         **forward_kernel(q.dtype, D, causal)[1],
     )
     return out, lse
@@ -284,7 +307,10 @@ def _flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
 def flash_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                              lse: torch.Tensor, grad_out: torch.Tensor, causal: bool, sm_scale: float,
                              block_q: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    r"""Gradients of q, k, v by recomputing :math:`P = \exp(sQK^\top - \mathrm{lse})` per block of queries.
+    r"""Gradients of q, k, v by recomputing :math:`P = \exp(sQK^\top - \mathrm{lse})` per block of queries, in PyTorch.
+
+    The algorithm of the Triton backward (``flash_backward``) at the granularity of PyTorch operations,
+    on any device:
 
     .. math:: dV = P^\top dO, \quad dS = P \odot \big(dO\,V^\top - \mathrm{rowsum}(dO \odot O)\big), \quad
               dQ = s\, dS\, K, \quad dK = s\, dS^\top Q
@@ -327,7 +353,7 @@ def flash_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
 
 
 class _FlashAttention(torch.autograd.Function):
-    """Triton forward, recompute-based PyTorch backward (see ``flash_attention_backward``)."""
+    """Triton forward and Triton backward (``mha_lab.cuda.flash_backward``), joined by the saved log-sum-exp."""
 
     @staticmethod
     def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
@@ -339,8 +365,10 @@ class _FlashAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor) -> tuple:
+        from mha_lab.cuda.flash_backward import flash_backward  # its kernels reuse this module's helpers
+
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = flash_attention_backward(q, k, v, out, lse, grad_out, ctx.causal, ctx.sm_scale)
+        dq, dk, dv = flash_backward(q, k, v, out, lse, grad_out, ctx.causal, ctx.sm_scale)
         return dq, dk, dv, None, None
 
 
@@ -356,7 +384,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     Shapes: q (B, H, L, D); k, v (B, H_kv, L, D) -> (B, H, L, D), in q's dtype.
     Needs CUDA tensors in fp16, bf16 or fp32 (or fp32/fp64 CPU tensors under
     ``TRITON_INTERPRET=1``); 16 <= D <= 128. Any stride is accepted; nothing is copied.
-    The backward recomputes attention blockwise in PyTorch from the saved log-sum-exp.
+    The backward is the Triton kernels of ``mha_lab.cuda.flash_backward``, from the saved log-sum-exp.
     """
     if sm_scale is not None and not (math.isfinite(sm_scale) and sm_scale > 0):
         raise ValueError(f"sm_scale must be a positive finite number, got {sm_scale}")
