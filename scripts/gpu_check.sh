@@ -4,17 +4,18 @@
 #   2. `pytest -m gpu` on the test files that hold GPU tests, while the benchmark's kernels compile
 #      in parallel (one process per dtype, head size and causal flag, filling Triton's cache);
 #   3. the accuracy of the forward and the Triton backward against autograd of the float32 reference
-#      (`python -m mha_lab bench --gpu --accuracy`);
+#      (`python -m mha_lab bench --gpu --accuracy`), and the GPU time of each kernel of a forward and
+#      backward, ours and SDPA's (`--profile`);
 #   4. the benchmark against PyTorch's flash SDPA, forward and forward+backward
 #      (`python -m mha_lab bench --gpu`), with the GPU's clocks and power logged alongside.
 #
 # Usage, from the repository root on a machine with an NVIDIA GPU:
 #   scripts/gpu_check.sh [OUT_DIR]          (default: $OUT, else bench_results/gpu_check)
 # Environment: PYTHON (default python3), BENCH_ARGS (extra options of `bench --gpu`, e.g. "--quick"),
-# and the step limits in seconds: WARM_S, PYTEST_S, ACCURACY_S, BENCH_S.
-# Everything lands in OUT_DIR: nvidia_smi.txt, pytest.log, accuracy.json, bench_gpu.json, bench.log, dmon.log
-# and steps.log (each step's exit status and seconds). Copy bench_gpu.json to book/data/gpu_bench.json to
-# put the measurement in the book.
+# and the step limits in seconds: WARM_S, PYTEST_S, ACCURACY_S, PROFILE_S, BENCH_S.
+# Everything lands in OUT_DIR: nvidia_smi.txt, pytest.log, accuracy.json, profile.json, bench_gpu.json (which
+# carries the accuracy and the profile along), bench.log, dmon.log and steps.log (each step's exit status and
+# seconds). Copy bench_gpu.json to book/data/gpu_bench.json to put the measurement in the book.
 set -u
 cd "$(dirname "$0")/.."
 OUT_DIR=${1:-${OUT:-bench_results/gpu_check}}
@@ -62,6 +63,8 @@ wait $WARM_PID
 step "accuracy against the float32 reference" "${ACCURACY_S:-40}" "$OUT_DIR/accuracy.log" \
     $PY -m mha_lab bench --gpu --accuracy --out "$OUT_DIR"
 cat "$OUT_DIR/accuracy.log" >> "$OUT_DIR/pytest.log" && rm "$OUT_DIR/accuracy.log"
+step "GPU time per kernel" "${PROFILE_S:-60}" "$OUT_DIR/bench.log" \
+    $PY -m mha_lab bench --gpu --profile --out "$OUT_DIR"
 
 nvidia-smi dmon -s pc -d 2 > "$OUT_DIR/dmon.log" 2>&1 &
 DMON_PID=$!

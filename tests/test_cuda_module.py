@@ -311,6 +311,8 @@ def test_benchmark_report_prints_table_verdicts_and_json(monkeypatch, tmp_path, 
         assert partial["complete"] is False and partial["rows"] == rows[:1]
         return rows
 
+    for name in ("accuracy", "profile"):  # earlier --accuracy and --profile runs into the same directory
+        (tmp_path / f"{name}.json").write_text(json.dumps({"rows": [{"from": name}]}))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(bench_gpu, "device_info", lambda: info)
     monkeypatch.setattr(bench_gpu, "matmul_tflops", lambda: 789.0)
@@ -325,6 +327,7 @@ def test_benchmark_report_prints_table_verdicts_and_json(monkeypatch, tmp_path, 
     report = bench_gpu.read_report(tmp_path / "bench_gpu.json")
     assert report["device"] == "Test GPU" and report["matmul_tflops"] == 789.0 and report["complete"] is True
     assert report["worst_ratio_from_2k"] == {"forward": 0.95, "forward+backward": 0.85} and report["rows"] == rows
+    assert report["accuracy"] == [{"from": "accuracy"}] and report["profile"] == [{"from": "profile"}]
 
 
 def test_committed_gpu_report_has_every_field_the_book_reads(tmp_path):
@@ -335,10 +338,11 @@ def test_committed_gpu_report_has_every_field_the_book_reads(tmp_path):
     report = read_report(committed)
     assert report["complete"] and {r["pass"] for r in report["rows"]} == {"forward", "forward+backward"}
     for field in REPORT_FIELDS:
-        broken = tmp_path / f"without_{field}.json"
-        broken.write_text(json.dumps({k: v for k, v in report.items() if k != field}))
-        with pytest.raises(ValueError, match=f"no '{field}' field"):
-            read_report(broken)
+        for broken_report in ({k: v for k, v in report.items() if k != field}, {**report, field: None}):
+            broken = tmp_path / f"without_{field}.json"
+            broken.write_text(json.dumps(broken_report))
+            with pytest.raises(ValueError, match=f"no '{field}' field"):
+                read_report(broken)
     for field in ROW_FIELDS:
         broken = tmp_path / f"row_without_{field}.json"
         rows = [report["rows"][0], {k: v for k, v in report["rows"][1].items() if k != field}]

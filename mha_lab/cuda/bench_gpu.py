@@ -19,7 +19,8 @@ both outputs and all three gradients are compared, since a fast wrong kernel is 
 versions, the date, a measured bf16 matmul rate for scale, and one row per (shape, pass) with the
 tiles the autotuners chose; it is rewritten after every shape, so an interrupted run keeps what it
 measured. ``--accuracy`` instead measures the errors of the forward and the backward against the
-float32 reference (``DIR/accuracy.json``), which a later timing run into the same directory carries
+float32 reference (``DIR/accuracy.json``), and ``--profile`` the GPU time of every kernel of a
+forward and backward (``DIR/profile.json``); a later timing run into the same directory carries both
 along. ``read_report`` checks a report has every field the book reads.
 """
 
@@ -39,7 +40,7 @@ from mha_lab.analysis import flops_breakdown
 from mha_lab.tables import markdown_table
 
 __all__ = ["time_ms", "bench_case", "run", "format_table", "device_info", "accuracy_vs_fp32", "accuracy_report",
-           "read_report",
+           "kernel_ms", "profile_report", "read_report",
            "REPORT_FIELDS", "ROW_FIELDS", "TARGETS", "main"]
 
 BATCH, HEADS = 4, 32
@@ -51,7 +52,7 @@ TARGETS = {"forward": 1.0, "forward+backward": 0.8}  # ratio ours / SDPA flash t
 TARGET_FROM_L = 2048
 AGREE_OUT, AGREE_GRAD = 2e-2, 2e-2  # max |ours - SDPA| of the output; relative norm of each gradient's gap
 REPORT_FIELDS = ("device", "driver", "sm_clock_max_mhz", "memory_clock_max_mhz", "multiprocessors", "torch",
-                 "triton", "cuda", "date", "batch", "heads", "matmul_tflops", "rows")
+                 "triton", "cuda", "date", "batch", "heads", "matmul_tflops", "rows", "accuracy", "profile")
 ROW_FIELDS = ("dtype", "head_dim", "causal", "seq_len", "pass", "ours_ms", "sdpa_ms", "ours_tflops", "sdpa_tflops",
               "ratio", "ours_tiles")
 
@@ -74,16 +75,13 @@ def _relative_gap(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
-def bench_case(dtype: str, head_dim: int, causal: bool, seq_len: int, batch: int = BATCH,
-               heads: int = HEADS, device: str = "cuda") -> list[dict]:
-    """Time one shape for both kernels, forward and forward+backward, after checking that they agree.
-
-    Returns two table rows, one per pass. ``device="cpu"`` only makes sense under
-    ``TRITON_INTERPRET=1``, to test this harness (SDPA then runs its CPU path).
-    """
+def _contenders(dtype: str, head_dim: int, causal: bool, seq_len: int, batch: int, heads: int,
+                device: str) -> tuple[dict[str, Callable[[], torch.Tensor]], tuple[torch.Tensor, ...], torch.Tensor]:
+    """Random q, k, v (requiring gradients) and an output gradient g of one shape, and the two forwards on them:
+    ``({"ours": ..., "sdpa": ...}, (q, k, v), g)``. SDPA is pinned to its flash backend (MATH on a CPU)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from mha_lab.cuda import flash, flash_backward
+    from mha_lab.cuda import flash
 
     gen = torch.Generator(device=device).manual_seed(seq_len + head_dim)
     q, k, v, g = (torch.randn(batch, heads, seq_len, head_dim, device=device, dtype=getattr(torch, dtype),
@@ -92,14 +90,27 @@ def bench_case(dtype: str, head_dim: int, causal: bool, seq_len: int, batch: int
         t.requires_grad_(True)
 
     def sdpa() -> torch.Tensor:
-        backend = SDPBackend.FLASH_ATTENTION if device == "cuda" else SDPBackend.MATH
-        with sdpa_kernel(backend):
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION if device == "cuda" else SDPBackend.MATH):
             return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
     def ours() -> torch.Tensor:
-        return flash.flash_attention(q, k, v, causal=causal)
+        return flash.flash_attention(q, k, v, causal=causal)  # looked up per call, so a test can swap it
 
-    outs = {name: fn() for name, fn in (("ours", ours), ("sdpa", sdpa))}
+    return {"ours": ours, "sdpa": sdpa}, (q, k, v), g
+
+
+def bench_case(dtype: str, head_dim: int, causal: bool, seq_len: int, batch: int = BATCH,
+               heads: int = HEADS, device: str = "cuda") -> list[dict]:
+    """Time one shape for both kernels, forward and forward+backward, after checking that they agree.
+
+    Returns two table rows, one per pass. ``device="cpu"`` only makes sense under
+    ``TRITON_INTERPRET=1``, to test this harness (SDPA then runs its CPU path).
+    """
+    from mha_lab.cuda import flash, flash_backward
+
+    forwards, (q, k, v), g = _contenders(dtype, head_dim, causal, seq_len, batch, heads, device)
+    ours, sdpa = forwards["ours"], forwards["sdpa"]
+    outs = {name: fn() for name, fn in forwards.items()}
     grads = {name: torch.autograd.grad(out, (q, k, v), g) for name, out in outs.items()}
     diff = (outs["ours"].float() - outs["sdpa"].float()).abs().max().item()
     grad_gap = max(_relative_gap(a, b) for a, b in zip(grads["ours"], grads["sdpa"], strict=True))
@@ -177,6 +188,40 @@ def accuracy_report() -> list[dict]:
     return rows
 
 
+# (dtype, D, causal, L) profiled kernel by kernel: the longest non-causal case, and the short causal one
+PROFILE_CASES = (("bfloat16", 128, False, 16384), ("bfloat16", 64, True, 1024))
+
+
+def kernel_ms(fn: Callable[[], object], calls: int = 5) -> dict[str, float]:
+    """GPU milliseconds per call of ``fn``, kernel by kernel (``torch.profiler``'s CUDA activity), after one warm-up."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    return {e.key: e.self_device_time_total / calls / 1e3 for e in prof.key_averages() if e.self_device_time_total > 0}
+
+
+def profile_report() -> list[dict]:
+    """For each of ``PROFILE_CASES`` and each kernel (ours, SDPA flash), forward+backward: the median wall time
+    of ``time_ms`` and the GPU time of every kernel it launched. Where the kernels' sum falls short of the
+    wall time, the GPU waited on the host (Python, launches)."""
+    rows = []
+    for dtype, head_dim, causal, L in PROFILE_CASES:
+        forwards, leaves, g = _contenders(dtype, head_dim, causal, L, BATCH, HEADS, "cuda")
+        for name, fn in forwards.items():
+            def step(fn: Callable[[], torch.Tensor] = fn, leaves: tuple = leaves, g: torch.Tensor = g) -> object:
+                return torch.autograd.grad(fn(), leaves, g)
+
+            kernels = kernel_ms(step)
+            rows.append({"dtype": dtype, "head_dim": head_dim, "causal": causal, "seq_len": L, "kernel": name,
+                         "wall_ms": time_ms(step), "gpu_ms": sum(kernels.values()), "kernels": kernels})
+    return rows
+
+
 def run(dtypes: tuple[str, ...] = DTYPES, head_dims: tuple[int, ...] = HEAD_DIMS,
         causals: tuple[bool, ...] = (False, True), seq_lens: tuple[int, ...] = SEQ_LENS, progress: bool = True,
         on_rows: Callable[[list[dict]], None] | None = None) -> list[dict]:
@@ -237,10 +282,11 @@ def matmul_tflops(n: int = 8192) -> float:
 
 
 def read_report(path: Path | str) -> dict:
-    """Load a ``bench_gpu.json`` and check it has every field of ``REPORT_FIELDS`` and each row every field of
-    ``ROW_FIELDS``; a ValueError names the first one missing."""
+    """Load a ``bench_gpu.json`` and check it has every field of ``REPORT_FIELDS`` (the accuracy and the profile
+    too: a run of the whole ``scripts/gpu_check.sh``) and each row every field of ``ROW_FIELDS``; a ValueError
+    names the first one missing or null."""
     report = json.loads(Path(path).read_text())
-    missing = [f for f in REPORT_FIELDS if f not in report]
+    missing = [f for f in REPORT_FIELDS if report.get(f) is None]
     if missing:
         raise ValueError(f"{path}: the report has no {missing[0]!r} field")
     for i, row in enumerate(report["rows"]):
@@ -265,6 +311,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--accuracy", action="store_true",
                         help="instead of timing: forward and backward errors against the float32 reference "
                              "(accuracy.json); exit 1 if one exceeds twice plain PyTorch's")
+    parser.add_argument("--profile", action="store_true",
+                        help="instead of the grid: GPU time per kernel of forward+backward on PROFILE_CASES "
+                             "(profile.json)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("the GPU benchmark needs a CUDA GPU (torch.cuda.is_available() is False); "
@@ -281,6 +330,14 @@ def main(argv: list[str] | None = None) -> int:
                                r["causal"], *(f"{r['ours'][w]:.2e} / {r['torch'][w]:.2e}" for w in r["ours"]),
                                r["within_2x"]] for r in rows]))
         return 0 if all(r["within_2x"] for r in rows) else 1
+    if args.profile:
+        rows = profile_report()
+        (out / "profile.json").write_text(json.dumps({**device_info(), "rows": rows}, indent=2))
+        for r in rows:
+            top = sorted(r["kernels"].items(), key=lambda kv: -kv[1])[:4]
+            print(f"{r['kernel']} {r['dtype']} D={r['head_dim']} L={r['seq_len']} causal={r['causal']}: wall "
+                  f"{r['wall_ms']:.3f} ms, GPU {r['gpu_ms']:.3f} ms: " + "; ".join(f"{k[:40]} {t:.3f}" for k, t in top))
+        return 0
     dtypes = tuple(args.dtype[:1] if args.quick else args.dtype)
     seq_lens = tuple(L for L in args.seq_len if L <= 4096 or not args.quick)
     causals = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
@@ -290,12 +347,12 @@ def main(argv: list[str] | None = None) -> int:
           f"B={BATCH}, H={HEADS}, torch {info['torch']}, triton {info['triton']}; "
           f"bf16 matmul {info['matmul_tflops']:.0f} TFLOP/s", flush=True)
 
-    accuracy = out / "accuracy.json"  # from an earlier `--accuracy` run into the same directory, if any
-    accuracy_rows = json.loads(accuracy.read_text())["rows"] if accuracy.exists() else None
+    # carried along from earlier `--accuracy` and `--profile` runs into the same directory, if any
+    extra = {name: json.loads((out / f"{name}.json").read_text())["rows"] if (out / f"{name}.json").exists() else None
+             for name in ("accuracy", "profile")}
 
     def save(rows: list[dict], complete: bool = False) -> None:
-        report = {**info, "complete": complete, "worst_ratio_from_2k": worst_ratios(rows), "rows": rows,
-                  "accuracy": accuracy_rows}
+        report = {**info, "complete": complete, "worst_ratio_from_2k": worst_ratios(rows), "rows": rows, **extra}
         (out / "bench_gpu.json").write_text(json.dumps(report, indent=2))
 
     rows = run(dtypes, tuple(args.head_dim), causals, seq_lens, progress=not args.no_progress, on_rows=save)
