@@ -16,8 +16,9 @@ import pytest
 import torch
 
 from mha_lab.cuda import compiled, flash
+from mha_lab.cuda.tiles import INTERPRET
 
-pytestmark = pytest.mark.skipif(flash._INTERPRET, reason="TRITON_INTERPRET=1 is set: nothing is compiled for a GPU")
+pytestmark = pytest.mark.skipif(INTERPRET, reason="TRITON_INTERPRET=1 is set: nothing is compiled for a GPU")
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 CASES = list(itertools.product(DTYPES, (64, 128), (False, True)))

@@ -51,10 +51,20 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["flash_attention", "flash_attention_backward", "tile_candidates", "forward_kernel", "length_bucket"]
+from mha_lab.cuda.flash_backward import flash_backward
+from mha_lab.cuda.tiles import (
+    INTERPRET,
+    block_d,
+    check_head_dim,
+    dot_precision,
+    key_ranges,
+    length_bucket,
+    load_tile,
+    program_heads,
+)
 
-_INTERPRET = triton.knobs.runtime.interpret  # decided when this module is imported, as for @triton.jit
-_MIN_HEAD_DIM, _MAX_HEAD_DIM = 16, 128
+__all__ = ["flash_attention", "flash_attention_backward", "tile_candidates", "forward_kernel"]
+
 _MAX_GRID_Y = 65535  # CUDA's limit on the grid's second axis, which runs over batch x heads
 _CUDA_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _INTERPRETER_DTYPES = (torch.float32, torch.float64)
@@ -77,42 +87,20 @@ _GPU_TILES = {
 _INTERPRETER_TILE = (16, 16, 1, 1)
 
 
-def _block_d(head_dim: int) -> int:
-    """The head size the kernel works in: the next power of two, at least 16 (``tl.arange`` needs one)."""
-    return max(triton.next_power_of_2(head_dim), _MIN_HEAD_DIM)
-
-
-def length_bucket(seq_len: int) -> int:
-    """The autotuners' length key: the next power of two, at least 1024, so that a tile is timed once per
-    octave of lengths (short sequences fill the GPU with fewer programs than long ones) and not per length."""
-    return max(triton.next_power_of_2(seq_len), 1024)
-
-
-def _dot_precision(dtype: torch.dtype) -> str:
-    """``tl.dot``'s input precision: IEEE for 4- and 8-byte floats (no TF32 rounding); 16-bit types ignore it."""
-    return "ieee" if dtype in (torch.float32, torch.float64) else "tf32"
-
-
-def _check_head_dim(head_dim: int) -> None:
-    if not _MIN_HEAD_DIM <= head_dim <= _MAX_HEAD_DIM:
-        raise ValueError(f"head size D={head_dim} is not supported: the kernel takes "
-                         f"{_MIN_HEAD_DIM} <= D <= {_MAX_HEAD_DIM}")
-
-
 def tile_candidates(dtype: torch.dtype, head_dim: int) -> list[tuple[int, int, int, int]]:
     """The tiles (BLOCK_M, BLOCK_N, num_warps, num_stages) the autotuner times on a GPU for inputs of
     ``dtype`` and head size ``head_dim``; the first is the usual FlashAttention-2 choice."""
-    _check_head_dim(head_dim)
+    check_head_dim(head_dim)
     width = "32-bit" if dtype.itemsize >= 4 else "16-bit"
-    return _GPU_TILES[f"{width}, D {'<=' if _block_d(head_dim) <= 64 else '>'} 64"]
+    return _GPU_TILES[f"{width}, D {'<=' if block_d(head_dim) <= 64 else '>'} 64"]
 
 
 def forward_kernel(dtype: torch.dtype, head_dim: int, causal: bool) -> tuple[triton.JITFunction, dict[str, object]]:
     """The forward kernel (the ``@triton.jit`` function under the autotuner) and the compile-time
     constants that a launch for this dtype, head size and causal flag passes, tile sizes aside."""
-    _check_head_dim(head_dim)
-    return _attn_fwd.fn, {"HEAD_DIM": head_dim, "BLOCK_D": _block_d(head_dim), "CAUSAL": bool(causal),
-                          "DOT_PRECISION": _dot_precision(dtype)}
+    check_head_dim(head_dim)
+    return _attn_fwd.fn, {"HEAD_DIM": head_dim, "BLOCK_D": block_d(head_dim), "CAUSAL": bool(causal),
+                          "DOT_PRECISION": dot_precision(dtype)}
 
 
 def _prune_tiles(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
@@ -121,47 +109,8 @@ def _prune_tiles(configs: list[triton.Config], named_args: dict, **kwargs) -> li
     return [c for c in configs if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) in wanted]
 
 
-_TILES = [_INTERPRETER_TILE] if _INTERPRET else list(dict.fromkeys(t for ts in _GPU_TILES.values() for t in ts))
+_TILES = [_INTERPRETER_TILE] if INTERPRET else list(dict.fromkeys(t for ts in _GPU_TILES.values() for t in ts))
 _CONFIGS = [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=st) for m, n, w, st in _TILES]
-
-
-@triton.jit
-def _load_tile(ptrs, rows, n_rows, cols, n_cols, CHECK_ROWS: tl.constexpr, CHECK_COLS: tl.constexpr):
-    """Load a (rows, cols) tile, zero-filling rows >= n_rows and columns >= n_cols where asked."""
-    if CHECK_ROWS and CHECK_COLS:
-        tile = tl.load(ptrs, mask=(rows[:, None] < n_rows) & (cols[None, :] < n_cols), other=0.0)
-    elif CHECK_ROWS:
-        tile = tl.load(ptrs, mask=rows[:, None] < n_rows, other=0.0)
-    elif CHECK_COLS:
-        tile = tl.load(ptrs, mask=cols[None, :] < n_cols, other=0.0)
-    else:
-        tile = tl.load(ptrs)
-    return tile
-
-
-@triton.jit
-def _program_heads(H, N_REP):
-    """Split this program's row of the grid's second axis, (batch, query head) flattened, into
-    (off_bh, off_b, off_h, off_h_kv): query head ``off_h`` reads key/value head ``off_h_kv`` (GQA/MQA)."""
-    off_bh = tl.program_id(1)
-    off_h = off_bh % H
-    return off_bh, off_bh // H, off_h, off_h // N_REP
-
-
-@triton.jit
-def _key_ranges(start_m, L, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
-    """The key loop of query tile ``start_m``: keys [0, unmasked_end) need no mask, [unmasked_end, masked_end) do.
-
-    Causal: keys before the tile's first query are visible to every row; the band up to its last
-    query needs the mask; keys after it are skipped. Otherwise only a ragged last key block is masked.
-    """
-    if CAUSAL:
-        unmasked_end = start_m * BLOCK_M
-        masked_end = tl.minimum((start_m + 1) * BLOCK_M, L)
-    else:
-        unmasked_end = (L // BLOCK_N) * BLOCK_N
-        masked_end = L
-    return unmasked_end, masked_end
 
 
 @triton.jit
@@ -178,7 +127,7 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stri
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         cols = start_n + offs_n  # key positions of this block
-        k = _load_tile(k_base + cols[:, None] * stride_kn + offs_d[None, :] * stride_kd,
+        k = load_tile(k_base + cols[:, None] * stride_kn + offs_d[None, :] * stride_kd,
                        cols, L, offs_d, HEAD_DIM, MASKED, PAD_D)  # (BLOCK_N, BLOCK_D)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION, out_dtype=acc.dtype)  # (BLOCK_M, BLOCK_N)
         if MASKED:
@@ -192,7 +141,7 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stri
         p = tl.math.exp2(qk * qk_scale - m_new[:, None])  # (BLOCK_M, BLOCK_N), unnormalised probabilities
         alpha = tl.math.exp2(m_i - m_new)  # rescales what was accumulated under the old maximum
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = _load_tile(v_base + cols[:, None] * stride_vn + offs_d[None, :] * stride_vd,
+        v = load_tile(v_base + cols[:, None] * stride_vn + offs_d[None, :] * stride_vd,
                        cols, L, offs_d, HEAD_DIM, MASKED, PAD_D)  # (BLOCK_N, BLOCK_D)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION, out_dtype=acc.dtype)
         m_i = m_new
@@ -215,7 +164,7 @@ def _attn_fwd(Q, K, V, Out, LSE, sm_scale,
     PAD_D: tl.constexpr = BLOCK_D != HEAD_DIM
     ACC: tl.constexpr = tl.float64 if Q.dtype.element_ty == tl.float64 else tl.float32
     start_m = tl.program_id(0)
-    off_bh, off_b, off_h, off_h_kv = _program_heads(H, N_REP)
+    off_bh, off_b, off_h, off_h_kv = program_heads(H, N_REP)
     q_base = Q + off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * stride_qh
     k_base = K + off_b.to(tl.int64) * stride_kb + off_h_kv.to(tl.int64) * stride_kh
     v_base = V + off_b.to(tl.int64) * stride_vb + off_h_kv.to(tl.int64) * stride_vh
@@ -224,7 +173,7 @@ def _attn_fwd(Q, K, V, Out, LSE, sm_scale,
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)  # query positions of this tile
     offs_d = tl.arange(0, BLOCK_D)
     # the query tile stays in registers/shared memory for the whole loop
-    q = _load_tile(q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+    q = load_tile(q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
                    offs_m, L, offs_d, HEAD_DIM, True, PAD_D)  # (BLOCK_M, BLOCK_D)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=ACC)  # running row maximum (base-2 units)
     l_i = tl.zeros([BLOCK_M], dtype=ACC)  # running softmax denominator
@@ -232,7 +181,7 @@ def _attn_fwd(Q, K, V, Out, LSE, sm_scale,
     # fold log2(e) into the scale, exp(x) = exp2(x log2(e)); held in ACC so float64 keeps its precision
     qk_scale = tl.full([], sm_scale * 1.4426950408889634, ACC)
 
-    unmasked_end, masked_end = _key_ranges(start_m, L, BLOCK_M, BLOCK_N, CAUSAL)
+    unmasked_end, masked_end = key_ranges(start_m, L, BLOCK_M, BLOCK_N, CAUSAL)
     acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
                                     offs_m, offs_d, 0, unmasked_end, L, qk_scale,
                                     HEAD_DIM, BLOCK_N, PAD_D, CAUSAL, False, DOT_PRECISION)
@@ -267,12 +216,12 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         raise ValueError(f"empty input: batch {B}, length {L}")
     if B * H > _MAX_GRID_Y:
         raise ValueError(f"batch x heads = {B * H} exceeds the launch grid's limit of {_MAX_GRID_Y}; split the batch")
-    _check_head_dim(D)
+    check_head_dim(D)
     if not q.dtype == k.dtype == v.dtype:
         raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if not q.device == k.device == v.device:
         raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
-    if _INTERPRET:
+    if INTERPRET:
         if q.dtype not in _INTERPRETER_DTYPES:
             raise TypeError(f"dtype {q.dtype} is not supported by the Triton interpreter; use float32 or float64")
     else:
@@ -324,7 +273,7 @@ def flash_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     B, H, L, D = q.shape
     H_kv = k.shape[1]
     if block_q is None:
-        block_q = 16 if _INTERPRET else max(16, min(1024, 2**28 // (B * H * L)))
+        block_q = 16 if INTERPRET else max(16, min(1024, 2**28 // (B * H * L)))
     ct = lse.dtype  # compute type: float32, or float64 for float64 inputs
     # (B, H, L, D) -> (B, H_kv, n_rep, L, D): query heads grouped under their shared K/V head
     q_g, do_g, o_g = (t.to(ct).reshape(B, H_kv, H // H_kv, L, D) for t in (q, grad_out, out))
@@ -365,8 +314,6 @@ class _FlashAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor) -> tuple:
-        from mha_lab.cuda.flash_backward import flash_backward  # its kernels reuse this module's helpers
-
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = flash_backward(q, k, v, out, lse, grad_out, ctx.causal, ctx.sm_scale)
         return dq, dk, dv, None, None

@@ -30,15 +30,15 @@ import torch
 import triton
 import triton.language as tl
 
-from mha_lab.cuda.flash import (
-    _INTERPRET,
-    _block_d,
-    _check_head_dim,
-    _dot_precision,
-    _key_ranges,
-    _load_tile,
-    _program_heads,
+from mha_lab.cuda.tiles import (
+    INTERPRET,
+    block_d,
+    check_head_dim,
+    dot_precision,
+    key_ranges,
     length_bucket,
+    load_tile,
+    program_heads,
 )
 
 __all__ = ["flash_backward", "backward_tile_candidates", "backward_kernels"]
@@ -64,16 +64,16 @@ _GPU_TILES = {
     },
 }
 _INTERPRETER_TILE = (16, 16, 1, 1)
-_PREPROCESS_ROWS = 16 if _INTERPRET else 64
+_PREPROCESS_ROWS = 16 if INTERPRET else 64
 
 
 def backward_tile_candidates(kernel: str, dtype: torch.dtype, head_dim: int) -> list[tuple[int, int, int, int]]:
     """The tiles (BLOCK_M, BLOCK_N, num_warps, num_stages) the autotuner times for ``kernel`` ("dkdv" or "dq")."""
-    _check_head_dim(head_dim)
+    check_head_dim(head_dim)
     if kernel not in _GPU_TILES:
         raise ValueError(f"kernel must be 'dkdv' or 'dq', got {kernel!r}")
     width = "32-bit" if dtype.itemsize >= 4 else "16-bit"
-    return _GPU_TILES[kernel][f"{width}, D {'<=' if _block_d(head_dim) <= 64 else '>'} 64"]
+    return _GPU_TILES[kernel][f"{width}, D {'<=' if block_d(head_dim) <= 64 else '>'} 64"]
 
 
 def _pruner(kernel: str):
@@ -88,7 +88,7 @@ def _pruner(kernel: str):
 
 
 def _configs(kernel: str) -> list[triton.Config]:
-    tiles = [_INTERPRETER_TILE] if _INTERPRET else dict.fromkeys(t for ts in _GPU_TILES[kernel].values() for t in ts)
+    tiles = [_INTERPRETER_TILE] if INTERPRET else dict.fromkeys(t for ts in _GPU_TILES[kernel].values() for t in ts)
     return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s) for m, n, w, s in tiles]
 
 
@@ -98,13 +98,13 @@ def _bwd_preprocess(Out, DO, Delta, stride_ob, stride_oh, stride_om, stride_od,
                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr):
     """delta_i = sum_d dO_id O_id for BLOCK_M query rows of one (batch, head)."""
     PAD_D: tl.constexpr = BLOCK_D != HEAD_DIM
-    off_bh, off_b, off_h, _ = _program_heads(H, 1)
+    off_bh, off_b, off_h, _ = program_heads(H, 1)
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    o = _load_tile(Out + off_b.to(tl.int64) * stride_ob + off_h.to(tl.int64) * stride_oh
+    o = load_tile(Out + off_b.to(tl.int64) * stride_ob + off_h.to(tl.int64) * stride_oh
                    + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
                    offs_m, L, offs_d, HEAD_DIM, True, PAD_D)  # (BLOCK_M, BLOCK_D)
-    do = _load_tile(DO + off_b.to(tl.int64) * stride_dob + off_h.to(tl.int64) * stride_doh
+    do = load_tile(DO + off_b.to(tl.int64) * stride_dob + off_h.to(tl.int64) * stride_doh
                     + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
                     offs_m, L, offs_d, HEAD_DIM, True, PAD_D)  # (BLOCK_M, BLOCK_D)
     delta = tl.sum(o.to(Delta.dtype.element_ty) * do.to(Delta.dtype.element_ty), 1)  # (BLOCK_M,)
@@ -135,7 +135,7 @@ def _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_
     for start_m in range(lo, hi, BLOCK_M):
         start_m = tl.multiple_of(start_m, BLOCK_M)
         rows = start_m + offs_m  # query positions of this block
-        q = _load_tile(q_base + rows[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+        q = load_tile(q_base + rows[:, None] * stride_qm + offs_d[None, :] * stride_qd,
                        rows, L, offs_d, HEAD_DIM, MASKED, PAD_D)  # (BLOCK_M, BLOCK_D)
         lse = _load_rows(lse_base, rows, L, MASKED)  # (BLOCK_M,), base-2 units
         qk_t = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION, out_dtype=dk.dtype)  # (BLOCK_N, BLOCK_M)
@@ -145,7 +145,7 @@ def _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_
             if CAUSAL:
                 keep = keep & (rows[None, :] >= offs_n[:, None])  # (BLOCK_N, BLOCK_M)
             p_t = tl.where(keep, p_t, 0.0)
-        do = _load_tile(do_base + rows[:, None] * stride_dom + offs_d[None, :] * stride_dod,
+        do = load_tile(do_base + rows[:, None] * stride_dom + offs_d[None, :] * stride_dod,
                         rows, L, offs_d, HEAD_DIM, MASKED, PAD_D)  # (BLOCK_M, BLOCK_D)
         dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=DOT_PRECISION, out_dtype=dv.dtype)
         dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION, out_dtype=dk.dtype)  # (BLOCK_N, BLOCK_M)
@@ -179,10 +179,10 @@ def _bwd_dkdv(Q, K, V, DO, DK, DV, LSE, Delta, sm_scale,
     start_n = tl.program_id(0) * BLOCK_N
     offs_n = start_n + tl.arange(0, BLOCK_N)  # key positions of this block
     offs_d = tl.arange(0, BLOCK_D)
-    k = _load_tile(K + off_b.to(tl.int64) * stride_kb + off_h_kv.to(tl.int64) * stride_kh
+    k = load_tile(K + off_b.to(tl.int64) * stride_kb + off_h_kv.to(tl.int64) * stride_kh
                    + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd,
                    offs_n, L, offs_d, HEAD_DIM, True, PAD_D)  # (BLOCK_N, BLOCK_D)
-    v = _load_tile(V + off_b.to(tl.int64) * stride_vb + off_h_kv.to(tl.int64) * stride_vh
+    v = load_tile(V + off_b.to(tl.int64) * stride_vb + off_h_kv.to(tl.int64) * stride_vh
                    + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
                    offs_n, L, offs_d, HEAD_DIM, True, PAD_D)  # (BLOCK_N, BLOCK_D)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC)
@@ -235,7 +235,7 @@ def _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_kd, s
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         cols = start_n + offs_n  # key positions of this block
-        k = _load_tile(k_base + cols[:, None] * stride_kn + offs_d[None, :] * stride_kd,
+        k = load_tile(k_base + cols[:, None] * stride_kn + offs_d[None, :] * stride_kd,
                        cols, L, offs_d, HEAD_DIM, MASKED, PAD_D)  # (BLOCK_N, BLOCK_D)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION, out_dtype=dq.dtype)  # (BLOCK_M, BLOCK_N)
         p = tl.math.exp2(qk * qk_scale - lse[:, None])
@@ -244,7 +244,7 @@ def _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_kd, s
             if CAUSAL:
                 keep = keep & (offs_m[:, None] >= cols[None, :])  # (BLOCK_M, BLOCK_N)
             p = tl.where(keep, p, 0.0)
-        v = _load_tile(v_base + cols[:, None] * stride_vn + offs_d[None, :] * stride_vd,
+        v = load_tile(v_base + cols[:, None] * stride_vn + offs_d[None, :] * stride_vd,
                        cols, L, offs_d, HEAD_DIM, MASKED, PAD_D)  # (BLOCK_N, BLOCK_D)
         dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION, out_dtype=dq.dtype)  # (BLOCK_M, BLOCK_N)
         ds = p * (dp - delta[:, None])
@@ -269,13 +269,13 @@ def _bwd_dq(Q, K, V, DO, DQ, LSE, Delta, sm_scale,
     PAD_D: tl.constexpr = BLOCK_D != HEAD_DIM
     ACC: tl.constexpr = tl.float64 if Q.dtype.element_ty == tl.float64 else tl.float32
     start_m = tl.program_id(0)
-    off_bh, off_b, off_h, off_h_kv = _program_heads(H, N_REP)
+    off_bh, off_b, off_h, off_h_kv = program_heads(H, N_REP)
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    q = _load_tile(Q + off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * stride_qh
+    q = load_tile(Q + off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * stride_qh
                    + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
                    offs_m, L, offs_d, HEAD_DIM, True, PAD_D)  # (BLOCK_M, BLOCK_D)
-    do = _load_tile(DO + off_b.to(tl.int64) * stride_dob + off_h.to(tl.int64) * stride_doh
+    do = load_tile(DO + off_b.to(tl.int64) * stride_dob + off_h.to(tl.int64) * stride_doh
                     + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
                     offs_m, L, offs_d, HEAD_DIM, True, PAD_D)  # (BLOCK_M, BLOCK_D)
     lse = _load_rows(LSE + off_bh.to(tl.int64) * L, offs_m, L, True)  # (BLOCK_M,), base-2 units
@@ -285,7 +285,7 @@ def _bwd_dq(Q, K, V, DO, DQ, LSE, Delta, sm_scale,
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=ACC)
     qk_scale = tl.full([], sm_scale * 1.4426950408889634, ACC)
 
-    unmasked_end, masked_end = _key_ranges(start_m, L, BLOCK_M, BLOCK_N, CAUSAL)  # as in the forward
+    unmasked_end, masked_end = key_ranges(start_m, L, BLOCK_M, BLOCK_N, CAUSAL)  # as in the forward
     dq = _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
                        offs_m, offs_d, 0, unmasked_end, L, qk_scale, HEAD_DIM, BLOCK_N, PAD_D, CAUSAL, False,
                        DOT_PRECISION)
@@ -300,9 +300,9 @@ def _bwd_dq(Q, K, V, DO, DQ, LSE, Delta, sm_scale,
 def backward_kernels(dtype: torch.dtype, head_dim: int, causal: bool) -> dict[str, tuple[triton.JITFunction, dict]]:
     """The dK/dV and dQ kernels (``@triton.jit`` functions under their autotuners) and the compile-time
     constants a launch for this dtype, head size and causal flag passes, tile sizes aside."""
-    _check_head_dim(head_dim)
-    constants = {"HEAD_DIM": head_dim, "BLOCK_D": _block_d(head_dim), "CAUSAL": bool(causal),
-                 "DOT_PRECISION": _dot_precision(dtype)}
+    check_head_dim(head_dim)
+    constants = {"HEAD_DIM": head_dim, "BLOCK_D": block_d(head_dim), "CAUSAL": bool(causal),
+                 "DOT_PRECISION": dot_precision(dtype)}
     return {"dkdv": (_bwd_dkdv.fn, dict(constants)), "dq": (_bwd_dq.fn, dict(constants))}
 
 
@@ -320,7 +320,7 @@ def flash_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch
     delta = torch.empty_like(lse)  # (B, H, L)
     _bwd_preprocess[(triton.cdiv(L, _PREPROCESS_ROWS), B * H)](
         out, grad_out, delta, *out.stride(), *grad_out.stride(), H, L,
-        HEAD_DIM=D, BLOCK_D=_block_d(D), BLOCK_M=_PREPROCESS_ROWS)
+        HEAD_DIM=D, BLOCK_D=block_d(D), BLOCK_M=_PREPROCESS_ROWS)
     dq = torch.empty_like(q, memory_format=torch.contiguous_format)
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)
     dv = torch.empty_like(v, memory_format=torch.contiguous_format)
