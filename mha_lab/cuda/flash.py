@@ -31,7 +31,7 @@ What the kernel supports:
 * any sequence length: the last key block and the last query tile are masked.
 
 Tile sizes are not fixed: on a GPU, the first launch for each head size, causal flag, dtype and
-length bucket (``length_bucket``) times a few candidate tiles (``tile_candidates``) and keeps the fastest.
+length bucket (``tiles.length_bucket``) times a few candidate tiles (``tile_candidates``) and keeps the fastest.
 
 The backward pass is Triton too (``mha_lab.cuda.flash_backward``): from the saved log-sum-exp it
 rebuilds :math:`P` tile by tile on chip, so training never holds the full :math:`L \times L`
