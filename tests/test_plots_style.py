@@ -100,6 +100,16 @@ def test_a_log_axis_with_one_label_is_refused():
         to_svg(fig)
 
 
+def test_log_ticks_widens_an_axis_too_short_for_two_labels():
+    """Timings that land between two labelled steps (0.011 to 0.018 ms: neither 0.01 nor 0.02 inside) get
+    an axis from 0.01 to 0.02, so the figure still shows its scale."""
+    fig, ax = new_figure(3)
+    ax.semilogy([1, 2], [0.011, 0.018])
+    log_ticks(ax.yaxis)
+    assert ax.get_ylim() == pytest.approx((0.01, 0.02))
+    assert style_problems(fig) == []
+
+
 def test_a_legend_larger_than_its_plot_is_refused():
     fig, ax = new_figure(1.6)
     for i in range(8):

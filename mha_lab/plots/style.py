@@ -11,6 +11,7 @@ way figures are displayed, so the check runs on every figure the book saves.
 from __future__ import annotations
 
 import io
+import math
 from collections.abc import Sequence
 
 import matplotlib
@@ -90,9 +91,16 @@ def _plain_number(value: float, _pos=None) -> str:
 def log_ticks(axis) -> None:
     """Readable ticks on a log ``axis``, called once its data are plotted: over two decades or more,
     labels at the powers of ten only; over less, plain numbers at 1, 2 and 5 times each power of ten
-    (so a short axis still shows several labels, and never the crowded minor labels of the default)."""
-    lo, hi = sorted(axis.axes.get_xlim() if axis is axis.axes.xaxis else axis.axes.get_ylim())
+    (so a short axis still shows several labels, and never the crowded minor labels of the default). An
+    axis whose data span less than two of those steps is widened to the steps around them."""
+    x = axis is axis.axes.xaxis
+    lo, hi = sorted(axis.axes.get_xlim() if x else axis.axes.get_ylim())
     if lo > 0 and hi / lo < 100:
+        steps = [m * 10.0**e for e in range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1)
+                 for m in (1, 2, 5)]
+        if sum(lo <= s <= hi for s in steps) < 2:
+            widened = (max(s for s in steps if s <= lo), min(s for s in steps if s >= hi))
+            axis.axes.set_xlim(*widened) if x else axis.axes.set_ylim(*widened)
         axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
         axis.set_major_formatter(FuncFormatter(_plain_number))
     axis.set_minor_formatter(NullFormatter())
