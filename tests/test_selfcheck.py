@@ -298,7 +298,7 @@ def answer_every_question(page) -> list[str]:
 def chapter_self_checks(page, chapter: str) -> list[str]:
     """What is wrong with the self-checks of a built chapter's page (``book/NN_name.html``) open in ``page``: one
     shown for each written in its source, each marked wrong, then right (``answer_every_question``). The site's
-    check, ``test_site.test_every_page_renders_offline``, calls it on every chapter it has loaded."""
+    check, ``test_site.Pages.test_pages_render_offline``, calls it on every chapter it has loaded."""
     written = len(SELF_CHECK.findall((REPO / chapter).with_suffix(".md").read_text()))
     count = page.locator("div.self-check").count()
     problems = [] if count == written else [f"{count} self-checks shown of {written} written (see the build log)"]

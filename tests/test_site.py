@@ -329,38 +329,62 @@ def check_page(browser, base: str, root: Path, page_path: str, screenshot: Path 
     return problems
 
 
-@needs_chromium
-def test_every_page_renders_offline(built_site: Path, server: str, browser):
-    """Each page: title shown, math typeset, images loaded, diagrams drawn, no errors, links resolve; on each
-    chapter, every self-check answered wrong, then right (``test_selfcheck.chapter_self_checks``)."""
-    shots = built_site.parent / "screenshots"
-    shots.mkdir(exist_ok=True)
-    for old in shots.glob("*.png"):  # this run's shots only; folders beside them (kept for comparison) stay
-        old.unlink()
-    from test_selfcheck import chapter_self_checks, chapters  # that module imports this one's fixtures
+SHARES = 2  # the pages are checked in this many units (a class each), which pytest-xdist hands to its workers
 
-    pages = site_pages(built_site)
-    assert "book/intro.html" in pages and len(pages) >= 4, f"the build produced too few pages: {pages}"
-    with_self_checks = {f"{c}.html" for c in chapters()}
-    assert with_self_checks <= set(pages), sorted(with_self_checks - set(pages))
-    failures = {}
-    for page_path in pages:
-        shot = shots / re.sub(r"\W", "_", page_path.removesuffix(".html")) if page_path in SCREENSHOT_PAGES else None
-        then = functools.partial(chapter_self_checks, chapter=page_path) if page_path in with_self_checks else None
-        problems = check_page(browser, server, built_site, page_path, shot.with_suffix(".png") if shot else None,
-                              then=then)
-        if page_path in PHONE_SCREENSHOT_PAGES:  # the layout rules are for the desktop width; this is a look
-            phone = shots / (re.sub(r"\W", "_", page_path.removesuffix(".html")) + "_phone.png")
-            sizing = ("wider than the column", "too narrow", "below its natural size", "pt as displayed")
-            problems += [p for p in check_page(browser, server, built_site, page_path, phone, width=PHONE_WIDTH,
-                                               audit=False) if not any(s in p for s in sizing)]
-        if problems:
-            failures[page_path] = problems
-    report = "\n".join(f"{page}:\n  " + "\n  ".join(p) for page, p in failures.items())
-    assert not failures, f"{len(failures)} of {len(pages)} pages have problems:\n{report}"
-    taken = sorted(p.name for p in shots.glob("*.png"))
-    expected = len(SCREENSHOT_PAGES) + len(PHONE_SCREENSHOT_PAGES)
-    assert len(taken) == expected, f"expected {expected} screenshots, got {taken}"
+
+class Pages:
+    """The checks of one share of the site's pages (every ``SHARES``-th page from ``SHARE``): a class per share,
+    so that once the book is built its pages are checked on every core."""
+
+    SHARE = 0
+
+    @needs_chromium
+    def test_pages_render_offline(self, built_site: Path, server: str, browser):
+        """Each page: title shown, math typeset, images loaded, diagrams drawn, no errors, links resolve; on each
+        chapter, every self-check answered wrong, then right (``test_selfcheck.chapter_self_checks``)."""
+        from test_selfcheck import chapter_self_checks, chapters  # that module imports this one's fixtures
+
+        every = site_pages(built_site)
+        assert "book/intro.html" in every and len(every) >= 4, f"the build produced too few pages: {every}"
+        with_self_checks = {f"{c}.html" for c in chapters()}
+        assert with_self_checks <= set(every), sorted(with_self_checks - set(every))
+        pages = every[self.SHARE::SHARES]
+        shots = built_site.parent / "screenshots"
+        shots.mkdir(exist_ok=True)
+        names = {p: re.sub(r"\W", "_", p.removesuffix(".html")) for p in pages}
+        for page_path in pages:  # this run's shots only; folders beside them (kept for comparison) stay
+            for old in (shots / f"{names[page_path]}.png", shots / f"{names[page_path]}_phone.png"):
+                old.unlink(missing_ok=True)
+        failures = {}
+        for page_path in pages:
+            shot = shots / f"{names[page_path]}.png" if page_path in SCREENSHOT_PAGES else None
+            then = functools.partial(chapter_self_checks, chapter=page_path) if page_path in with_self_checks else None
+            problems = check_page(browser, server, built_site, page_path, shot, then=then)
+            if page_path in PHONE_SCREENSHOT_PAGES:  # the layout rules are for the desktop width; this is a look
+                phone = shots / f"{names[page_path]}_phone.png"
+                sizing = ("wider than the column", "too narrow", "below its natural size", "pt as displayed")
+                problems += [p for p in check_page(browser, server, built_site, page_path, phone, width=PHONE_WIDTH,
+                                                   audit=False) if not any(s in p for s in sizing)]
+            if problems:
+                failures[page_path] = problems
+        report = "\n".join(f"{page}:\n  " + "\n  ".join(p) for page, p in failures.items())
+        assert not failures, f"{len(failures)} of {len(pages)} pages have problems:\n{report}"
+        expected = sorted([f"{names[p]}.png" for p in pages if p in SCREENSHOT_PAGES]
+                          + [f"{names[p]}_phone.png" for p in pages if p in PHONE_SCREENSHOT_PAGES])
+        taken = sorted(p.name for p in shots.glob("*.png") if p.name in expected)
+        assert taken == expected, f"expected the screenshots {expected}, got {taken}"
+
+
+class TestPagesShare1(Pages):
+    SHARE = 0
+
+
+class TestPagesShare2(Pages):
+    SHARE = 1
+
+
+def test_every_page_is_in_a_share():
+    assert sorted(c.SHARE for c in Pages.__subclasses__()) == list(range(SHARES))
 
 
 @needs_chromium
