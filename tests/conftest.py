@@ -127,6 +127,18 @@ def built_site() -> Path:
     return HTML
 
 
+@pytest.fixture(scope="session")
+def grading_cluster():
+    """One local Dask cluster (2 worker processes) per test process, for the tests that grade whole classes
+    in-process or through the command's ``--scheduler``: starting one costs seconds of CPU each time. Tests of the
+    cluster itself (its workers' environment, their uid, ``--jobs``) start their own."""
+    from mha_lab.grading import batch, sandbox
+
+    sandbox.check()
+    with batch.dask_client(2) as client:
+        yield client
+
+
 # --------------------------------------------------------------------------------------------
 # where the time went: every run ends with its time per test file (the ten slowest tests come
 # from --durations in pyproject.toml)

@@ -28,7 +28,6 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from mha_lab.grading import batch, sandbox
 from mha_lab.grading.text import writable_name
 from mha_lab.instructor import classroom, grade, report
 
@@ -156,14 +155,6 @@ def _hand_in(course: Path, h: Hostile, salt: int, release: nbformat.NotebookNode
     return name
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    """One local Dask cluster for every class the fuzzer grades (the command joins it with --scheduler)."""
-    sandbox.check()
-    with batch.dask_client(2) as client:
-        yield client
-
-
 def _peak(reset: bool = False) -> int:
     """This process's resident set at its highest (VmHWM, bytes) since the last ``_peak(reset=True)``, which
     starts the count again from what it holds now (/proc/self/clear_refs)."""
@@ -181,7 +172,7 @@ def _examples() -> int:
 @settings(max_examples=_examples(), deadline=None, database=None, phases=(Phase.generate,),  # no shrinking: slow
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(st.lists(hostiles, min_size=2, max_size=3))
-def test_a_hostile_class_is_graded_to_the_end(cluster, capsys, students):
+def test_a_hostile_class_is_graded_to_the_end(grading_cluster, capsys, students):
     root = Path(tempfile.mkdtemp(prefix="mha_lab_fuzz_"))
     try:
         course = classroom.new_course(root / "course", [A])
@@ -189,9 +180,9 @@ def test_a_hostile_class_is_graded_to_the_end(cluster, capsys, students):
         release = classroom.read_notebook(course, "assignments", A)
         names = [_hand_in(course, h, i, release) for i, h in enumerate(students)]
         before = _peak(reset=True)
-        cluster.run(_peak, reset=True)
+        grading_cluster.run(_peak, reset=True)
         status = grade.main([A, "--course", str(course), "--timeout", str(TIMEOUT),
-                             "--scheduler", cluster.scheduler.address])
+                             "--scheduler", grading_cluster.scheduler.address])
         client_peak = _peak() - before
         out = capsys.readouterr().out
         assert status == 0, out[-3000:]
@@ -211,7 +202,7 @@ def test_a_hostile_class_is_graded_to_the_end(cluster, capsys, students):
         if graded:  # an autograded notebook that cannot be read costs the class report only its own student
             (course / "autograded" / graded[0] / A / f"{A}.ipynb").write_bytes(b"\xff not a notebook")
             assert (report.build(course, A) / "index.html").is_file()
-        worker_peaks = cluster.run(_peak)
+        worker_peaks = grading_cluster.run(_peak)
         assert client_peak < CLIENT_PEAK, f"the client allocated {client_peak / MiB:.0f} MiB"
         assert max(worker_peaks.values()) < WORKER_PEAK, {w: p / MiB for w, p in worker_peaks.items()}
     finally:

@@ -66,7 +66,7 @@ class Graded(dict):
 
 
 @pytest.fixture(scope="class")
-def graded(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Graded:
+def graded(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, grading_cluster) -> Graded:
     """A temporary course with no gradebook yet: the class's assignment submitted, graded in sandboxes."""
     a = request.cls.ASSIGNMENT
     course = tmp_path_factory.mktemp(a)
@@ -83,7 +83,7 @@ def graded(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
         submit(course, mutant_student(i), a, fill_release(release, solution, edit))
     for i, v in enumerate(variants(a)):
         submit(course, variant_student(i), a, fill_release(release, solution, dict(v.answers)))
-    return Graded(course, batch.grade_class(course, a, jobs=2, progress=False))
+    return Graded(course, batch.grade_class(course, a, client=grading_cluster, progress=False))
 
 
 def feedback_text(course: Path, student: str, assignment: str) -> str:
