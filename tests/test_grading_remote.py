@@ -68,12 +68,11 @@ def test_pack_refuses_what_would_land_outside(tmp_path):
     assert transport.pack(tmp_path / "nowhere", cap=1).error.endswith("not a submitted folder")
 
 
-def test_a_worker_that_cannot_see_the_course_grades_as_a_local_cluster(tmp_path):
-    sandbox.check()
+def test_a_worker_that_cannot_see_the_course_grades_as_a_local_cluster(tmp_path, grading_cluster):
     course, students = _class(tmp_path / "course")
     limits = sandbox.Limits(seconds=60)
     t0 = time.perf_counter()
-    local = batch.grade_class(course, A, jobs=1, limits=limits, progress=False)
+    local = batch.grade_class(course, A, client=grading_cluster, limits=limits, progress=False)
     local_s = time.perf_counter() - t0
 
     port, scratch, away = _port(), tmp_path / "worker_tmp", tmp_path / "elsewhere"
