@@ -1,14 +1,14 @@
 """Hostile submissions against the grader: every attack of ``tests/adversarial/`` in a class of honest students.
 
-One batch per assignment (most attacks are on ps1): two honest students, a blank one, a buggy one and
-the attackers, graded with the real command and ``--jobs 2``. For each attack: the batch finishes,
-every other student's grade is exact (CSV and gradebook), the attacker scores no more than the blank
-release (or than its honest part earns), its processes never hold more memory than the cap together,
-no file outside the sandbox's scratch changed (the course, and this repository's mha_lab/,
-tests/hidden/, solutions/ and assignments/), none of its processes survive (each carries a marker in its environment
-or argv), the loopback listener received nothing, and no feedback shows a hidden check, a solution or
-a classmate's work. Whatever an attack writes into this repository (a file holding or naming its marker)
-is put back afterwards.
+One batch per assignment (most attacks are on ps1): two honest students, a blank one, a buggy one and the
+attackers, graded with the real command on a Dask cluster shared with other tests (``--scheduler``). For each
+attack: the batch finishes, every other student's grade is exact (CSV and gradebook), the attacker scores no
+more than the blank release (or than its honest part earns), its processes never hold more memory than the cap
+together, no file outside the sandbox's scratch changed (the course, and this repository's mha_lab/,
+tests/hidden/, solutions/ and assignments/), none of its processes survive (each carries a marker in its
+environment or argv), the loopback listener received nothing, and no feedback shows a hidden check, a solution
+or a classmate's work. Whatever an attack writes into this repository (a file holding or naming its marker) is
+put back afterwards.
 
 Each assignment's checks are a class (``Attacked`` subclasses with their ``ASSIGNMENT``): pytest-xdist runs a class
 whole in one worker (``--dist loadscope``), which grades that assignment's batch once.
@@ -332,7 +332,9 @@ def _gradebook(course: Path, assignment: str, students: list[str]) -> dict[str, 
     return scores
 
 
-def grade_batch(root: Path, assignment: str) -> Batch:
+def grade_batch(root: Path, assignment: str, scheduler: str) -> Batch:
+    """The class graded by the real command on the Dask cluster at ``scheduler`` (shared with other tests: an
+    attack that reached a worker would show there too)."""
     course = classroom.new_course(root / "course", [assignment])
     token = uuid.uuid4().hex[:8]
     secrets = {s: f"peer-secret-{token}-{s}" for s in ("honest-1", "honest-2")}
@@ -350,7 +352,7 @@ def grade_batch(root: Path, assignment: str) -> Batch:
     watch = MemoryWatch(list(markers.values()))
     try:
         proc, batch.wall = classroom.run_grader(course, assignment, jobs=2, timeout=TIMEOUT, limit=LIMIT,
-                                                extra=["--memory", str(MEMORY)])
+                                                extra=["--memory", str(MEMORY), "--scheduler", scheduler])
         batch.finished = proc is not None
         if proc is not None:
             batch.returncode, batch.log = proc.returncode, proc.stdout + proc.stderr
@@ -391,9 +393,10 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 @pytest.fixture(scope="class")
-def batch(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Batch:
+def batch(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, grading_cluster) -> Batch:
     """The class's assignment graded as a batch, with everything observed around it."""
-    return grade_batch(tmp_path_factory.mktemp(request.cls.ASSIGNMENT), request.cls.ASSIGNMENT)
+    return grade_batch(tmp_path_factory.mktemp(request.cls.ASSIGNMENT), request.cls.ASSIGNMENT,
+                       grading_cluster.scheduler.address)
 
 
 def _score(batch: Batch, student: str) -> tuple[float, float]:
