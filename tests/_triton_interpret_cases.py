@@ -5,11 +5,18 @@ before the kernel's module is imported. By hand::
 
     TRITON_INTERPRET=1 .venv/bin/python tests/_triton_interpret_cases.py
 
-It prints one JSON object, ``{case id: ""}`` for a pass or the failure's message. The grid
-covers causal and not; MHA, GQA and MQA; L = 1, 7, 97 and others that are not multiples of
-the interpreter's 16-row tiles; head sizes 16, 32, 64, 128 and a padded 40; fp32 and fp64;
-and the backward, both of the bare kernel and of the module's triton backend; and the GPU
-benchmark's harness on one tiny shape.
+It prints one JSON object, ``{case id: ""}`` for a pass or the failure's message.
+
+The interpreter runs every program of a launch in Python, so a case costs about its programs
+times their key blocks (tiles of 16 x 16 here), and each case is the smallest that reaches the
+paths it is there for. Together they cover: MHA, GQA and MQA, each causal and not, in float64;
+one query row (L = 1), one ragged tile (L = 7), and lengths past a tile that end in a ragged one
+(17, 20, 33, and 97 with seven query tiles, each with its causal band); head sizes 16, 32, 64,
+128 and a padded 40; odd batches; strided inputs; a given scale; float32. The backward's cases
+reach each of dK/dV's loops (the causal band, the bulk, the ragged last query block, and the key
+block past every query) with one, two and four query heads per key/value head; the module's
+triton backend runs forward and backward once, the benchmark's harness on one tiny shape, and
+the dtypes the interpreter cannot run are refused.
 """
 
 from __future__ import annotations
@@ -18,43 +25,35 @@ import json
 import math
 import os
 import sys
-from itertools import product
 
 import numpy as np
 
-HEADS = {"MHA": (4, 4), "GQA": (4, 2), "MQA": (4, 1)}
+HEADS = {"MHA": (2, 2), "GQA": (4, 2), "MQA": (4, 1)}  # (query heads, key/value heads)
 
 
 def _grid() -> list[dict]:
-    cases = []
-    # float64: every L x causal x layout; the head size cycles so each (L, causal) gets its own
-    for i, (L, causal, layout) in enumerate(product((1, 7, 97), (False, True), HEADS)):
-        cases.append({"kind": "forward", "dtype": "float64", "L": L, "causal": causal, "layout": layout,
-                      "D": (16, 32, 64)[(i // 3) % 3], "B": 1 if L == 97 else 2})
-    for i, (L, causal) in enumerate(product((1, 50, 97), (False, True))):
-        cases.append({"kind": "forward", "dtype": "float32", "L": L, "causal": causal, "layout": "GQA",
-                      "D": (32, 64)[i % 2], "B": 1})
-    cases += [
-        {"kind": "forward", "dtype": "float64", "L": 33, "causal": True, "layout": "GQA", "D": 40, "B": 1},
-        {"kind": "forward", "dtype": "float64", "L": 20, "causal": False, "layout": "MQA", "D": 128, "B": 1},
-        {"kind": "forward", "dtype": "float64", "L": 20, "causal": True, "layout": "MHA", "D": 16, "B": 3,
-         "sm_scale": 0.3},
-        {"kind": "forward", "dtype": "float64", "L": 25, "causal": True, "layout": "GQA", "D": 32, "B": 2,
-         "strided": True},
-        {"kind": "backward", "dtype": "float64", "L": 61, "causal": True, "layout": "MHA", "D": 32, "B": 1},
-        {"kind": "backward", "dtype": "float64", "L": 7, "causal": False, "layout": "GQA", "D": 16, "B": 2},
-        {"kind": "backward", "dtype": "float64", "L": 33, "causal": True, "layout": "MQA", "D": 64, "B": 1},
-        {"kind": "backward", "dtype": "float64", "L": 20, "causal": True, "layout": "GQA", "D": 40, "B": 1},
-        {"kind": "backward", "dtype": "float32", "L": 50, "causal": True, "layout": "GQA", "D": 32, "B": 1},
-        {"kind": "backward", "dtype": "float64", "L": 1, "causal": True, "layout": "MQA", "D": 16, "B": 2},
-        {"kind": "backward", "dtype": "float64", "L": 35, "causal": False, "layout": "GQA", "D": 16, "B": 1,
-         "strided": True},
-        {"kind": "module", "dtype": "float64", "L": 19, "causal": True, "layout": "GQA", "D": 16, "B": 2},
-        {"kind": "module", "dtype": "float64", "L": 7, "causal": False, "layout": "MHA", "D": 32, "B": 3},
+    """Each case the smallest that reaches its paths; the interpreter's cost grows with programs x key blocks."""
+
+    def case(kind, dtype, layout, L, D, B, causal, **extra):
+        return {"kind": kind, "dtype": dtype, "L": L, "causal": causal, "layout": layout, "D": D, "B": B, **extra}
+
+    return [
+        # forward, float64: each layout causal and not
+        case("forward", "float64", "MHA", 97, 64, 1, True),  # 7 query tiles, the last of one row; a band in each
+        case("forward", "float64", "MHA", 7, 32, 3, False),  # one ragged tile, odd batch
+        case("forward", "float64", "GQA", 1, 16, 2, True, sm_scale=0.3),  # one row; a scale given
+        case("forward", "float64", "GQA", 33, 40, 1, False, strided=True),  # padded D, bulk and ragged block
+        case("forward", "float64", "MQA", 7, 16, 1, True),  # four query heads on one key/value head
+        case("forward", "float64", "MQA", 20, 128, 1, False),  # the widest head
+        case("forward", "float32", "GQA", 20, 32, 1, True),  # float32: bulk and band
+        # backward: dK/dV's band, bulk and ragged query blocks; the GQA group's loop; dQ as the forward
+        case("backward", "float64", "MHA", 33, 40, 1, True, strided=True),
+        case("backward", "float64", "GQA", 20, 16, 2, False),
+        case("backward", "float32", "MQA", 17, 64, 1, True),
+        case("module", "float64", "GQA", 9, 16, 2, True),
         {"kind": "errors"},
         {"kind": "bench"},
     ]
-    return cases
 
 
 def case_id(case: dict) -> str:
@@ -191,10 +190,11 @@ def run_bench(case: dict) -> None:
         return (time.perf_counter() - start) * 1e3
 
     bench_gpu.time_ms = cpu_time_ms  # do_bench needs CUDA events
-    forward, train = bench_gpu.bench_case("float32", 16, True, 40, batch=1, heads=2, device="cpu")
+    L = 17  # two query tiles, the second of one row
+    forward, train = bench_gpu.bench_case("float32", 16, True, L, batch=1, heads=2, device="cpu")
     assert (forward["pass"], train["pass"]) == bench_gpu.PASSES, (forward, train)
     assert forward["max_abs_diff"] < 1e-5 and forward["grad_gap"] < 1e-5, forward
-    flops = 4 * 2 * (40 * 41 // 2) * 16  # H=2 heads, L(L+1)/2 causal pairs, 2D FLOPs each in QK^T and in PV
+    flops = 4 * 2 * (L * (L + 1) // 2) * 16  # H=2 heads, L(L+1)/2 causal pairs, 2D FLOPs each in QK^T and in PV
     for row, counted in ((forward, flops), (train, 3 * flops)):  # the backward counts its four products
         assert math.isclose(row["ratio"], row["sdpa_ms"] / row["ours_ms"]), row
         assert math.isclose(row["ours_tflops"], counted / row["ours_ms"] / 1e9), row
@@ -208,7 +208,7 @@ def run_bench(case: dict) -> None:
     for message, (module, name, broken) in wrong.items():
         setattr(module, name, broken)
         try:
-            bench_gpu.bench_case("float32", 16, True, 40, batch=1, heads=2, device="cpu")
+            bench_gpu.bench_case("float32", 16, True, L, batch=1, heads=2, device="cpu")
         except AssertionError as err:
             assert message in str(err), err
         else:

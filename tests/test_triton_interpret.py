@@ -2,8 +2,10 @@
 
 The interpreter is chosen when the kernel's module is imported, so the whole grid of
 ``_triton_interpret_cases.py`` runs in ONE subprocess with ``TRITON_INTERPRET=1``; each case
-then shows up here as its own test. The input checks, which run before any launch, are tested
-in this process.
+then shows up here as its own test. The interpreter runs each program in Python, so the grid
+is a dozen cases, each the smallest shape that reaches its paths (that module's docstring says
+which), and ``test_grid_covers_the_required_cases`` keeps it from losing one. The input checks,
+which run before any launch, are tested in this process.
 """
 
 import json
@@ -41,10 +43,17 @@ def test_kernel_under_interpreter(interpreter_results, case):
 def test_grid_covers_the_required_cases():
     forward = [c for c in CASES if c["kind"] == "forward"]
     assert {1, 7, 97} <= {c["L"] for c in forward}
-    assert {16, 32, 64} <= {c["D"] for c in forward}
+    assert {16, 32, 64, 128} <= {c["D"] for c in forward} and any(c["D"] & (c["D"] - 1) for c in forward)
     assert {(c["layout"], c["causal"], c["dtype"]) for c in forward} >= {
         (layout, causal, "float64") for layout in ("MHA", "GQA", "MQA") for causal in (False, True)}
-    assert {"float32", "float64"} == {c["dtype"] for c in CASES if c["kind"] == "backward"}
+    assert any(c["B"] % 2 for c in forward) and any(c.get("strided") for c in forward)
+    backward = [c for c in CASES if c["kind"] == "backward"]
+    assert {"float32", "float64"} == {c["dtype"] for c in backward}
+    assert {c["layout"] for c in backward} == {"MHA", "GQA", "MQA"} and {c["causal"] for c in backward} == {False, True}
+    assert any(c["B"] > 1 for c in backward) and any(c.get("strided") for c in backward)
+    # past one 16-row tile and ragged, causal and not, so that dK/dV runs its band, bulk and ragged loops
+    assert {c["causal"] for c in backward if c["L"] > 16 and c["L"] % 16} == {False, True}
+    assert {"module", "errors", "bench"} <= {c["kind"] for c in CASES}
 
 
 def _qkv(B=1, H=4, H_kv=2, L=8, D=16, dtype=torch.float32):
