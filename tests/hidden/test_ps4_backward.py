@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mha_lab.cpu import MultiHeadAttention, create_causal_mask, merge_heads, split_heads
+from mha_lab.gradcheck import numerical_gradient, relative_error
 from mha_lab.grading import checks
 from mha_lab.grading.references import Array, Function, Number, Reference
 from mha_lab.testing import GRADCHECK_MAX_REL_ERROR
@@ -308,11 +309,33 @@ TRUSTED_NUMERICAL_GRADIENT = {"numerical_gradient": Reference("mha_lab.gradcheck
     ("f", Function()), ("x", Array((0, 4))), ("eps", Number(1e-12, 1.0))), 2)}
 
 
+def _reference_check_error(case: Case, mask: np.ndarray) -> float:
+    """The largest relative error mha_lab's own gradient check reports on ``case``'s right gradients."""
+    params = {k: v.copy() for k, v in case.cache["params"].items()}
+    X = case.cache["X"].copy()
+    layer = MultiHeadAttention(X.shape[-1], 2, use_bias=False)
+    for name, value in params.items():
+        setattr(layer, name, value)  # the same arrays: perturbing params[name] perturbs the layer
+
+    def loss() -> float:
+        return float(np.sum(layer.forward(X, mask) * case.grad_out))
+
+    errors = [relative_error(case.expected[n], numerical_gradient(loss, params[n])) for n in WEIGHTS]
+    return max(*errors, relative_error(case.expected_x, numerical_gradient(loss, X)))
+
+
 def _gradient_check_inputs(seed: int):
-    """A small causal problem (no biases) and mha_lab's gradients for it."""
-    case = _case(seed, B=2, L=3, d_model=4, h=2, causal=True)
+    """A small causal problem (no biases) and mha_lab's gradients for it, drawn again until a right gradient checks
+    at most 1/100 of the pass mark: where an entry of a gradient lies near zero (yet above relative_error's
+    zero_tol), central differences' rounding alone reads as a relative error near 1e-5 (about 1 draw in 5,000), and a
+    right answer must never fail on the numbers it was handed."""
+    mask = create_causal_mask(3)
+    for attempt in range(100):
+        case = _case(seed + 100_000 * attempt, B=2, L=3, d_model=4, h=2, causal=True)
+        if _reference_check_error(case, mask) <= GRADCHECK_MAX_REL_ERROR / 100:
+            break
     X, params = case.cache["X"].copy(), {k: v.copy() for k, v in case.cache["params"].items()}
-    return case, X, params, create_causal_mask(3)
+    return case, X, params, mask
 
 
 def _judge_report(report, case: Case, wrong: str | None) -> None:
