@@ -54,6 +54,7 @@ import triton.language as tl
 from mha_lab.cuda.flash_backward import flash_backward
 from mha_lab.cuda.tiles import (
     INTERPRET,
+    autotune_configs,
     block_d,
     check_head_dim,
     dot_precision,
@@ -61,6 +62,8 @@ from mha_lab.cuda.tiles import (
     length_bucket,
     load_tile,
     program_heads,
+    pruner,
+    tile_list,
 )
 
 __all__ = ["flash_attention", "flash_attention_backward", "tile_candidates", "forward_kernel"]
@@ -84,15 +87,12 @@ _GPU_TILES = {
     "32-bit, D <= 64": [(64, 32, 8, 2), (32, 32, 4, 2)],
     "32-bit, D > 64": [(64, 16, 8, 2), (32, 16, 4, 2), (32, 16, 4, 3)],
 }
-_INTERPRETER_TILE = (16, 16, 1, 1)
 
 
 def tile_candidates(dtype: torch.dtype, head_dim: int) -> list[tuple[int, int, int, int]]:
     """The tiles (BLOCK_M, BLOCK_N, num_warps, num_stages) the autotuner times on a GPU for inputs of
     ``dtype`` and head size ``head_dim``; the first is the usual FlashAttention-2 choice."""
-    check_head_dim(head_dim)
-    width = "32-bit" if dtype.itemsize >= 4 else "16-bit"
-    return _GPU_TILES[f"{width}, D {'<=' if block_d(head_dim) <= 64 else '>'} 64"]
+    return tile_list(_GPU_TILES, dtype, head_dim)
 
 
 def forward_kernel(dtype: torch.dtype, head_dim: int, causal: bool) -> tuple[triton.JITFunction, dict[str, object]]:
@@ -103,14 +103,8 @@ def forward_kernel(dtype: torch.dtype, head_dim: int, causal: bool) -> tuple[tri
                           "DOT_PRECISION": dot_precision(dtype)}
 
 
-def _prune_tiles(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
-    """Autotuner hook: keep only the configs listed for this launch's dtype and head size."""
-    wanted = tile_candidates(named_args["Q"].dtype, kwargs["HEAD_DIM"])
-    return [c for c in configs if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) in wanted]
-
-
-_TILES = [_INTERPRETER_TILE] if INTERPRET else list(dict.fromkeys(t for ts in _GPU_TILES.values() for t in ts))
-_CONFIGS = [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=st) for m, n, w, st in _TILES]
+_prune_tiles = pruner(tile_candidates)  # the autotuner's hook: this launch's dtype and head size only
+_CONFIGS = autotune_configs(_GPU_TILES)
 
 
 @triton.jit

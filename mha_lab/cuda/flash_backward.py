@@ -26,12 +26,15 @@ autotuner times the tile candidates once per head size, causal flag, dtype and l
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 import triton
 import triton.language as tl
 
 from mha_lab.cuda.tiles import (
     INTERPRET,
+    autotune_configs,
     block_d,
     check_head_dim,
     dot_precision,
@@ -39,6 +42,8 @@ from mha_lab.cuda.tiles import (
     length_bucket,
     load_tile,
     program_heads,
+    pruner,
+    tile_list,
 )
 
 __all__ = ["flash_backward", "backward_tile_candidates", "backward_kernels"]
@@ -63,7 +68,6 @@ _GPU_TILES = {
         "32-bit, D > 64": [(32, 16, 8, 2), (16, 16, 4, 2)],
     },
 }
-_INTERPRETER_TILE = (16, 16, 1, 1)
 _PREPROCESS_ROWS = 16 if INTERPRET else 64
 
 
@@ -72,24 +76,7 @@ def backward_tile_candidates(kernel: str, dtype: torch.dtype, head_dim: int) -> 
     check_head_dim(head_dim)
     if kernel not in _GPU_TILES:
         raise ValueError(f"kernel must be 'dkdv' or 'dq', got {kernel!r}")
-    width = "32-bit" if dtype.itemsize >= 4 else "16-bit"
-    return _GPU_TILES[kernel][f"{width}, D {'<=' if block_d(head_dim) <= 64 else '>'} 64"]
-
-
-def _pruner(kernel: str):
-    """Autotuner hook: keep only the configs listed for this launch's kernel, dtype and head size."""
-
-    def prune(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
-        wanted = backward_tile_candidates(kernel, named_args["Q"].dtype, kwargs["HEAD_DIM"])
-        return [c for c in configs
-                if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) in wanted]
-
-    return prune
-
-
-def _configs(kernel: str) -> list[triton.Config]:
-    tiles = [_INTERPRETER_TILE] if INTERPRET else dict.fromkeys(t for ts in _GPU_TILES[kernel].values() for t in ts)
-    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s) for m, n, w, s in tiles]
+    return tile_list(_GPU_TILES[kernel], dtype, head_dim)
 
 
 @triton.jit
@@ -155,8 +142,8 @@ def _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_
     return dk, dv
 
 
-@triton.autotune(configs=_configs("dkdv"), key=["HEAD_DIM", "CAUSAL", "L_BUCKET"],
-                 prune_configs_by={"early_config_prune": _pruner("dkdv")})
+@triton.autotune(configs=autotune_configs(_GPU_TILES["dkdv"]), key=["HEAD_DIM", "CAUSAL", "L_BUCKET"],
+                 prune_configs_by={"early_config_prune": pruner(partial(backward_tile_candidates, "dkdv"))})
 @triton.jit
 def _bwd_dkdv(Q, K, V, DO, DK, DV, LSE, Delta, sm_scale,
               stride_qb, stride_qh, stride_qm, stride_qd,
@@ -252,8 +239,8 @@ def _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_kd, s
     return dq
 
 
-@triton.autotune(configs=_configs("dq"), key=["HEAD_DIM", "CAUSAL", "L_BUCKET"],
-                 prune_configs_by={"early_config_prune": _pruner("dq")})
+@triton.autotune(configs=autotune_configs(_GPU_TILES["dq"]), key=["HEAD_DIM", "CAUSAL", "L_BUCKET"],
+                 prune_configs_by={"early_config_prune": pruner(partial(backward_tile_candidates, "dq"))})
 @triton.jit
 def _bwd_dq(Q, K, V, DO, DQ, LSE, Delta, sm_scale,
             stride_qb, stride_qh, stride_qm, stride_qd,

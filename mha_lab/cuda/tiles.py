@@ -10,12 +10,17 @@ runs the kernels (``TRITON_INTERPRET=1``) is read once, when this module is impo
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import triton
 import triton.language as tl
 
 __all__ = ["INTERPRET", "MIN_HEAD_DIM", "MAX_HEAD_DIM", "block_d", "check_head_dim", "dot_precision",
-           "length_bucket", "load_tile", "program_heads", "key_ranges"]
+           "length_bucket", "tile_list", "autotune_configs", "pruner", "load_tile", "program_heads", "key_ranges"]
+
+Tile = tuple[int, int, int, int]  # (BLOCK_M, BLOCK_N, num_warps, num_stages)
+INTERPRETER_TILE: Tile = (16, 16, 1, 1)  # small, so that test-sized inputs still span several blocks and tails
 
 INTERPRET = triton.knobs.runtime.interpret
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 128
@@ -42,6 +47,31 @@ def check_head_dim(head_dim: int) -> None:
     if not MIN_HEAD_DIM <= head_dim <= MAX_HEAD_DIM:
         raise ValueError(f"head size D={head_dim} is not supported: the kernel takes "
                          f"{MIN_HEAD_DIM} <= D <= {MAX_HEAD_DIM}")
+
+
+def tile_list(tiles: dict[str, list[Tile]], dtype: torch.dtype, head_dim: int) -> list[Tile]:
+    """The list of ``tiles`` (keyed "16-bit, D <= 64", "32-bit, D > 64", ...) for inputs of ``dtype`` and head size
+    ``head_dim``."""
+    check_head_dim(head_dim)
+    width = "32-bit" if dtype.itemsize >= 4 else "16-bit"
+    return tiles[f"{width}, D {'<=' if block_d(head_dim) <= 64 else '>'} 64"]
+
+
+def autotune_configs(tiles: dict[str, list[Tile]]) -> list[triton.Config]:
+    """Every distinct tile of ``tiles`` as an autotuner config; under the interpreter, ``INTERPRETER_TILE`` alone."""
+    chosen = [INTERPRETER_TILE] if INTERPRET else list(dict.fromkeys(t for ts in tiles.values() for t in ts))
+    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=st) for m, n, w, st in chosen]
+
+
+def pruner(candidates: Callable[[torch.dtype, int], list[Tile]]) -> Callable[..., list[triton.Config]]:
+    """Autotuner hook: keep only the configs that ``candidates(dtype, head_dim)`` lists for this launch."""
+
+    def prune(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
+        wanted = candidates(named_args["Q"].dtype, kwargs["HEAD_DIM"])
+        return [c for c in configs
+                if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) in wanted]
+
+    return prune
 
 
 @triton.jit
