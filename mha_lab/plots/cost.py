@@ -201,11 +201,13 @@ def plot_kv_cache_vs_context(lengths: Sequence[int] | None = None, dtype: DType 
 
 
 def peak_memory_vs_length(lengths: Sequence[int] = (128, 256, 512, 1024, 2048), d_model: int = 256,
-                          n_heads: int = 8, batch_size: int = 1, block: int = 64) -> dict[str, list[int]]:
+                          n_heads: int = 8, batch_size: int = 1, block: int = 64, repeat: int = 1
+                          ) -> dict[str, list[int]]:
     """Measured peak bytes of one layer's forward (float64) for the fused, head-by-head and chunked methods.
 
-    Uses ``mha_lab.measure.peak_memory`` (tracemalloc) and ``chunked_forward``, with small blocks so that
-    the chunked method's linear growth shows at lengths a book page can afford.
+    Uses ``mha_lab.measure.traced_memory`` (tracemalloc; the smallest of ``repeat`` runs) and
+    ``chunked_forward``, with small blocks so that the chunked method's linear growth shows at lengths a book
+    page can afford.
     """
     layer = MultiHeadAttention(d_model, n_heads, seed=0)
     rng = np.random.default_rng(0)
@@ -218,7 +220,7 @@ def peak_memory_vs_length(lengths: Sequence[int] = (128, 256, 512, 1024, 2048), 
     for L in lengths:
         X = rng.normal(size=(batch_size, L, d_model))
         for name, method in methods.items():
-            peaks[name].append(traced_memory(lambda m=method, X=X: m(X))[1])
+            peaks[name].append(traced_memory(lambda m=method, X=X: m(X), repeat)[1])
             layer.clear_cache()  # drop the fused forward's cache before the next measurement
     return peaks
 
