@@ -141,8 +141,8 @@ def test_head_by_head_equals_forward(causal):
     assert_close(head_by_head_forward(X, mha, mask), mha.forward(X, mask))
 
 
-def peak_bytes(fn, *args, **kwargs) -> int:
-    return traced_memory(lambda: fn(*args, **kwargs))[1]
+def peak_bytes(fn, *args, repeat: int = 1, **kwargs) -> int:
+    return traced_memory(lambda: fn(*args, **kwargs), repeat)[1]
 
 
 @pytest.mark.slow
@@ -171,7 +171,7 @@ def test_attention_matrix_memory_is_B_h_L_squared():
     mha.forward(np.zeros((B, L, 64)))
     assert mha.attention_weights.nbytes == B * 8 * L * L * 8
     Q, K, V = qkv(B, 8, 8, L, L, 8)
-    peak = peak_bytes(scaled_dot_product_attention, Q, K, V)
+    peak = peak_bytes(scaled_dot_product_attention, Q, K, V, repeat=2)  # another thread's allocations count too
     assert B * 8 * L * L * 8 <= peak < 1.5 * B * 8 * L * L * 8
 
 
