@@ -126,6 +126,23 @@ def test_a_sparse_file_travels_and_is_copied_as_its_data(tmp_path):
         assert (copy / "mixed.bin").read_bytes() == (folder / "mixed.bin").read_bytes()
 
 
+def test_a_killed_grading_process_leaves_no_student_work_behind(tmp_path):
+    """A grading process killed mid-submission (the OOM killer, a lost Dask worker) cannot remove its temporary
+    folders; the next grading process of the same user removes them, and a process that ends removes its own."""
+    code = ("import os, signal, sys, tempfile; from mha_lab.grading import folders; "
+            "parent = folders.temporary_parent(); work = tempfile.mkdtemp(prefix='mha_lab_submission_', dir=parent); "
+            "open(os.path.join(work, 'answer.ipynb'), 'w').write('a student'); print(parent, flush=True); "
+            "os.kill(os.getpid(), signal.SIGKILL) if sys.argv[1] == 'killed' else None")
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    run = [sys.executable, "-c", code]
+    killed = Path(subprocess.run([*run, "killed"], capture_output=True, text=True, env=env).stdout.strip())
+    assert killed.stat().st_mode & 0o777 == 0o700 and killed.name.startswith(f"mha_lab_grader_{os.getuid()}_")
+    assert any(killed.rglob("answer.ipynb")), "the killed process's folder should still be there"
+    ended = Path(subprocess.run([*run, "ends"], capture_output=True, text=True, env=env, check=True).stdout.strip())
+    assert not killed.exists(), "the next grading process did not remove a dead one's folder"
+    assert not ended.exists(), "a grading process that ended left its folder"
+
+
 def test_pack_of_a_deep_and_strange_folder_finishes_with_its_note(tmp_path):
     folder = tmp_path / "sub"
     folder.mkdir()

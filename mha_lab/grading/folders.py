@@ -9,23 +9,60 @@ so, each reason once: the rest of the folder is graded as usual.
 
 from __future__ import annotations
 
+import atexit
 import collections
 import errno
 import io
 import os
+import shutil
 import stat
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
 from mha_lab.grading.text import writable_name
 
-__all__ = ["Caps", "Entry", "Walk", "walk", "data_regions", "RegionReader", "copy_stream", "open_file", "copy"]
+__all__ = ["Caps", "Entry", "Walk", "walk", "data_regions", "RegionReader", "copy_stream", "open_file", "copy",
+           "temporary_parent"]
 
 CHUNK = 1 << 20  # bytes read at a time when copying a file
 REASONS = 8  # reasons kept for the feedback; past that, a count
 NAME = 120  # characters of a path shown in a reason
 REGIONS = 1024  # data regions of a file with holes kept apart; past that, the file is read whole
+TEMPORARY = "mha_lab_grader_"  # <tmp>/mha_lab_grader_<uid>_<pid>: one grading process's temporary folders
+_parent: dict[int, str] = {}  # pid -> its folder, made once per process
+
+
+def temporary_parent() -> str:
+    """This process's folder for the grader's temporary folders (submissions unpacked and copied, hidden checks),
+    ``<tmp>/mha_lab_grader_<uid>_<pid>``, private to its user. Made on first use, after removing those of this
+    user's processes that are gone: a grading process killed mid-submission (the OOM killer, a lost Dask worker)
+    cannot remove its own, and they hold students' work."""
+    pid = os.getpid()
+    if pid not in _parent:
+        root, mine = Path(tempfile.gettempdir()), f"{TEMPORARY}{os.getuid()}_"
+        for old in root.glob(f"{mine}*"):
+            other = old.name.removeprefix(mine)
+            if other.isdigit() and not _alive(int(other)) and old.lstat().st_uid == os.getuid():
+                shutil.rmtree(old, ignore_errors=True)
+        folder = root / f"{mine}{pid}"
+        folder.mkdir(mode=0o700, exist_ok=True)
+        if folder.is_symlink() or folder.lstat().st_uid != os.getuid():
+            raise PermissionError(f"{folder} is not this user's own folder: refusing to put students' work there")
+        _parent[pid] = str(folder)
+        atexit.register(lambda: os.getpid() == pid and shutil.rmtree(folder, ignore_errors=True))  # not in a fork
+    return _parent[pid]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process has that id now
+        return True
+    return True
 
 
 @dataclass(frozen=True)

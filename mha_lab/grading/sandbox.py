@@ -378,7 +378,7 @@ def _limit(limits: Limits, group: MemoryGroup | None = None) -> None:
 def private_copy(submission: Path, limits: Limits) -> Path:
     """A readable copy of the submission folder in a new temporary folder: what ``folders.walk`` finds with at most
     ``limits.scratch`` bytes of files (links stay links, holes stay holes)."""
-    copy = Path(tempfile.mkdtemp(prefix="mha_lab_submission_"))
+    copy = Path(tempfile.mkdtemp(prefix="mha_lab_submission_", dir=folders.temporary_parent()))
     copy.chmod(0o755)
     folders.copy(folders.walk(submission, folders.Caps(bytes=limits.scratch)), copy)
     return copy

@@ -99,7 +99,7 @@ def unpacked(packed: Packed, name: str = "submission") -> Iterator[Path]:
     ValueError when the digest does not match or a member is not a file, folder or link inside it."""
     if hashlib.sha256(packed.data).hexdigest() != packed.sha256:
         raise ValueError("the submission's bytes do not match their SHA-256: it was damaged on the way")
-    with tempfile.TemporaryDirectory(prefix="mha_lab_unpacked_") as tmp:
+    with tempfile.TemporaryDirectory(prefix="mha_lab_unpacked_", dir=folders.temporary_parent()) as tmp:
         root = Path(tmp) / name
         root.mkdir(mode=0o700)
         with tarfile.open(fileobj=io.BytesIO(packed.data), mode="r:") as tar:
@@ -140,7 +140,7 @@ def _write(source: io.BufferedIOBase, target: io.BufferedIOBase, member: tarfile
 @contextmanager
 def hidden_checks(assignment: Assignment) -> Iterator[Path]:
     """The assignment's hidden checks as a file of a private temporary folder (the judge loads a path)."""
-    with tempfile.TemporaryDirectory(prefix="mha_lab_hidden_") as tmp:
+    with tempfile.TemporaryDirectory(prefix="mha_lab_hidden_", dir=folders.temporary_parent()) as tmp:
         path = Path(tmp) / f"test_{assignment.name}.py"
         path.write_text(assignment.hidden_source)
         yield path
