@@ -58,6 +58,20 @@ def test_small_text_is_refused_at_save_time():
         to_svg(fig)
 
 
+
+def test_a_checked_figure_is_checked_again_once_changed(monkeypatch):
+    from mha_lab.plots import style
+
+    fig = cost.plot_flops_vs_length(d_model=256, n_heads=4)  # checked by the plotting function
+    layouts = []
+    monkeypatch.setattr(style, "style_problems", lambda f: layouts.append(f) or style_problems(f))
+    to_svg(fig)
+    assert layouts == []  # unchanged since it passed: saved without a second layout
+    fig.axes[0].set_title("tiny", fontsize=6)  # a change after the check marks the figure stale
+    with pytest.raises(FigureStyleError, match="text below 10 pt.*'tiny'"):
+        to_svg(fig)
+    assert layouts == [fig]
+
 def test_a_legend_on_the_data_is_refused_and_outside_is_fine():
     fig, ax = new_figure(3)
     ax.plot([0, 1], [0, 1], label="line")

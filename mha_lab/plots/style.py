@@ -182,11 +182,18 @@ def style_problems(fig: Figure, display_width_px: float = DISPLAY_WIDTH_PX) -> l
 
 def check(fig: Figure) -> Figure:
     """Raise ``FigureStyleError`` if ``fig`` breaks the style; otherwise detach it from pyplot and
-    return it. Every figure function of ``mha_lab.plots`` ends with it."""
-    problems = style_problems(fig)
-    if problems:
-        title = fig.get_suptitle() or next((ax.get_title() for ax in fig.axes if ax.get_title()), "untitled")
-        raise FigureStyleError(f"figure {title!r}: " + "; ".join(problems))
+    return it. Every figure function of ``mha_lab.plots`` ends with it.
+
+    A figure that passed and has not changed since is not laid out again: a change to any of its
+    artists marks it stale (matplotlib's own flag), and a stale figure is checked anew. So saving a
+    figure that a plotting function has just checked costs one layout, not two.
+    """
+    if not (getattr(fig, "_mha_style_passed", False) and not fig.stale):
+        problems = style_problems(fig)  # lays the figure out, which leaves it not stale
+        if problems:
+            title = fig.get_suptitle() or next((ax.get_title() for ax in fig.axes if ax.get_title()), "untitled")
+            raise FigureStyleError(f"figure {title!r}: " + "; ".join(problems))
+        fig._mha_style_passed = True
     plt.close(fig)
     return fig
 
