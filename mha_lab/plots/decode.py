@@ -52,7 +52,8 @@ def decode_times(context_lengths: Sequence[int], d_model: int = 1024, n_heads: i
         steps = {}
         for name, layer in layers.items():
             cache = KVCache.for_layer(layer, batch_size, max_len=t + repeat + 1)
-            k = rng.standard_normal((batch_size, layer.num_kv_heads, t, layer.d_k), dtype=np.float32).astype(dtype)
+            shape = (batch_size, layer.num_kv_heads, t, layer.d_k)
+            k = rng.standard_normal(shape, dtype=np.float32).astype(dtype, copy=False)  # no copy for float32
             cache.append(k, k)  # (B, h_kv, t, d_k): t positions already decoded
             steps[name] = partial(decode_step, layer, x, cache)
         for name, seconds in interleaved_times(steps, repeat, warmup=1, statistic="min").items():
