@@ -7,7 +7,7 @@ against the NumPy float64 reference once per shape before anything is timed. Rep
 interleaved (round-robin over implementations), so drift on a shared machine hits all of
 them alike, and each time is the median of the repeats; a grid that sets ``"statistic": "min"``
 gets the fastest instead, as the book's does, so that a burst of load cannot move its sentences.
-Peak memory is ``tracemalloc``'s for NumPy and ``torch.profiler``'s for PyTorch (``mha_lab.measure``
+Peak memory is ``tracemalloc``'s for NumPy and PyTorch's profiler's for PyTorch (``mha_lab.measure``
 does all the measuring).
 Achieved GFLOP/s use ``count_flops`` and are compared with a plain BLAS matrix product
 measured in the same run: the practical ceiling here. The ``parts`` section times the fused

@@ -2,7 +2,7 @@
 
 Timing runs the candidates round-robin, so drift on a shared machine hits all of them alike,
 and reports medians. Peak memory: ``tracemalloc`` for NumPy (NumPy reports its buffers to
-it); for PyTorch on CPU, the running sum of the allocations and frees that ``torch.profiler``
+it); for PyTorch on CPU, the running sum of the allocations and frees that PyTorch's profiler
 records. Nothing here imports torch until a torch measurement is asked for.
 """
 
@@ -108,18 +108,28 @@ def _stderr_silenced() -> Iterator[None]:
         os.close(devnull)
 
 
+def _profiled_events(fn: Callable[[], object], profile_memory: bool = False) -> list:
+    """The events of PyTorch's CPU profiler while ``fn()`` runs.
+
+    ``torch.autograd.profiler.profile`` is the profiler that ``torch.profiler.profile`` wraps, with
+    the same events; the wrapper's start also imports ``torch._inductor`` (about two CPU-seconds, the
+    first time in a process), which a CPU trace has no use for.
+    """
+    from torch.autograd.profiler import profile
+
+    with _stderr_silenced(), profile(profile_memory=profile_memory) as prof:
+        fn()
+    return list(prof.function_events)
+
+
 def torch_peak_memory(fn: Callable[[], object]) -> int:
-    """Peak bytes that PyTorch's CPU allocator holds while ``fn()`` runs, from ``torch.profiler``.
+    """Peak bytes that PyTorch's CPU allocator holds while ``fn()`` runs, from PyTorch's profiler.
 
     With ``profile_memory=True`` each operator reports the bytes it allocated and the profiler
     logs each free; their running sum in time order peaks at the working memory of ``fn``.
     ``tracemalloc`` cannot see PyTorch's buffers, hence this second method.
     """
-    from torch.profiler import ProfilerActivity, profile
-
-    with _stderr_silenced(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    events = sorted(prof.events(), key=lambda e: e.time_range.start)
+    events = sorted(_profiled_events(fn, profile_memory=True), key=lambda e: e.time_range.start)
     running = peak = 0
     for e in events:
         running += e.self_cpu_memory_usage
@@ -128,12 +138,8 @@ def torch_peak_memory(fn: Callable[[], object]) -> int:
 
 
 def torch_ops_called(fn: Callable[[], object]) -> set[str]:
-    """Names of the PyTorch operators (``aten::...``) that ``fn()`` ran, from ``torch.profiler``."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with _stderr_silenced(), profile(activities=[ProfilerActivity.CPU]) as prof:
-        fn()
-    return {e.name for e in prof.events()}
+    """Names of the PyTorch operators (``aten::...``) that ``fn()`` ran, from PyTorch's profiler."""
+    return {e.name for e in _profiled_events(fn)}
 
 
 def gemm_flops_per_second(n: int = 1024, dtype: str = "float32", repeat: int = 5) -> float:
