@@ -78,6 +78,16 @@ def _cross_entropy(logits: np.ndarray, targets: np.ndarray) -> tuple[float, np.n
     return float(-np.log(picked).mean()), grad / targets.size, p.argmax(axis=-1)
 
 
+def _rows_by_index(index: np.ndarray, rows: np.ndarray, n: int) -> np.ndarray:
+    """The gradient of an embedding table of ``n`` rows: out[i] = sum of rows[b, t] over index[b, t] = i.
+
+    index (B, L), rows (B, L, d) -> (n, d). One ``np.bincount`` over (row, column) cells adds in the same
+    order as ``np.add.at(out, index, rows)``, so the sums are the same to the last bit, at half the cost.
+    """
+    d = rows.shape[-1]
+    cells = (index[..., None] * d + np.arange(d)).ravel()  # (B * L * d,): out's flat cell of each entry
+    return np.bincount(cells, weights=rows.ravel(), minlength=n * d).reshape(n, d)
+
 class ToyModel:
     r"""Letter, digit and position embeddings, one causal MHA layer, two linear readouts.
 
@@ -126,10 +136,8 @@ class ToyModel:
         grad_X = self.mha.backward(grad_out)  # (B, L, d)
         grads.update(self.mha.gradients())
         grads["P"] = grad_X.sum(axis=0)
-        grads["E_letter"] = np.zeros_like(p["E_letter"])
-        np.add.at(grads["E_letter"], batch.letters, grad_X)
-        grads["E_digit"] = np.zeros_like(p["E_digit"])
-        np.add.at(grads["E_digit"], batch.digits, grad_X)
+        grads["E_letter"] = _rows_by_index(batch.letters, grad_X, len(p["E_letter"]))
+        grads["E_digit"] = _rows_by_index(batch.digits, grad_X, len(p["E_digit"]))
         return loss_p + loss_m, grads
 
     def accuracy(self, batch: ToyBatch) -> dict[str, float]:
