@@ -6,6 +6,10 @@ exactly the points of the tests cells it breaks, keep the rest, and get feedback
 Each correct variant in the same module (``VARIANTS``) is graded in the same batch and must get
 full marks. No feedback page may show a line of the hidden checks.
 
+A student is a sandbox and a Python of its own, so mutants and variants that answer different tasks
+share students (``packed``): each task of a student's notebook carries at most one of them, and every
+test still names its mutant or variant and judges only the cells of its own tasks.
+
 Each assignment's checks are a class (``Class`` with its ``ASSIGNMENT``): pytest-xdist runs a class whole in
 one worker (``--dist loadscope``), which grades that assignment's class once.
 """
@@ -13,18 +17,20 @@ one worker (``--dist loadscope``), which grades that assignment's class once.
 from __future__ import annotations
 
 import csv
+import functools
 import html
 import importlib
 import re
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
 import pytest
 
 from mha_lab.grading import batch
-from mha_lab.instructor import gradesheet
-from mha_lab.instructor.classroom import answer_cell, fill_release, mutants, submit
+from mha_lab.instructor import gradesheet, report
+from mha_lab.instructor.classroom import answer_cell, fill_release, mutants, read_notebook, submit
 from mha_lab.instructor.report import blank_answers, misconceptions, read_class
 from mha_lab.instructor.report import build as build_report
 
@@ -41,20 +47,86 @@ def variants(assignment: str) -> list:
     return getattr(importlib.import_module(f"tests.mutants.{assignment}"), "VARIANTS", [])
 
 
-def mutant_student(index: int) -> str:
-    return f"mutant-{index:02d}"
+# Mutants that must not share a student although they answer different tasks and break different cells: each
+# pair with the reason. (None so far: every pair that could meet was graded together and kept its own points
+# and words.)
+APART: list[frozenset[str]] = []
 
 
-def variant_student(index: int) -> str:
-    return f"variant-{index:02d}"
+@dataclass(frozen=True)
+class Packed:
+    """One student of the class: the mutants and correct variants it hands in, no two answering the same task."""
+
+    name: str
+    mutants: tuple
+    variants: tuple
+
+    def edits(self, solution) -> dict[str, str]:
+        """Answer cell -> its source: each mutant applied to the solution's cell, each variant's cells whole."""
+        out = {m.grade_id: m.apply(answer_cell(solution, m.grade_id)) for m in self.mutants}
+        for v in self.variants:
+            out |= dict(v.answers)
+        return out
+
+
+@functools.cache
+def task_of(assignment: str) -> dict[str, str]:
+    """Tests cell -> its task (the answer cell it follows, without ``ans_``), as the class report reads them."""
+    return report._tasks(read_notebook(REPO, "solutions", assignment))[0]
+
+
+def claims(assignment: str, item) -> tuple[frozenset[str], frozenset[str]]:
+    """(the tasks a mutant or a correct variant answers for, the tests cells it breaks): a variant's answer cells';
+    a mutant's answer cell's and those of every cell it breaks."""
+    if hasattr(item, "answers"):
+        return frozenset(g.removeprefix("ans_") for g in item.answers), frozenset()
+    owner = task_of(assignment)
+    return frozenset({item.grade_id.removeprefix("ans_"), *(owner.get(g, g) for g in item.breaks)}), item.breaks
+
+
+def cells_of(assignment: str, items) -> set[str]:
+    """The tests cells of every task the mutants and variants ``items`` answer for."""
+    tasks = frozenset().union(*(claims(assignment, x)[0] for x in items))
+    return {g for g, t in task_of(assignment).items() if t in tasks}
+
+
+@functools.cache
+def packed(assignment: str) -> tuple[Packed, ...]:
+    """The class's mutants, then its correct variants, each put into the first student (in order) none of whose
+    tasks it answers, whose broken cells it does not break, and that holds no mutant ``APART`` from it."""
+    students: list[dict] = []  # {"items": its mutants and variants, "tasks": they answer, "breaks": they break}
+    for item in [*mutants(assignment), *variants(assignment)]:
+        tasks, breaks = claims(assignment, item)
+        s = next((s for s in students if not (tasks & s["tasks"] or breaks & s["breaks"])
+                  and all(frozenset({item.name, o.name}) not in APART for o in s["items"])), None)
+        if s is None:
+            students.append(s := {"items": [], "tasks": set(), "breaks": set()})
+        s["items"].append(item)
+        s["tasks"] |= tasks
+        s["breaks"] |= breaks
+    return tuple(Packed(f"student-{i:02d}", tuple(x for x in s["items"] if not hasattr(x, "answers")),
+                        tuple(x for x in s["items"] if hasattr(x, "answers"))) for i, s in enumerate(students))
+
+
+def carrier(assignment: str, item) -> Packed:
+    """The student who hands in ``item`` (a mutant or a correct variant)."""
+    return next(s for s in packed(assignment) if item in s.mutants or item in s.variants)
+
+
+def failed_by_cell(failed: str, ids: set[str]) -> dict[str, str]:
+    """The grade sheet's ``failed`` column ("cell (last line); cell ...") cut at the tests cells ``ids``."""
+    starts = sorted((m.start(), g) for g in ids
+                    for m in re.finditer(rf"(?:^|(?<=; )){re.escape(g)}(?= \(|;|$)", failed))
+    ends = [start for start, _ in starts[1:]] + [len(failed)]
+    return {g: failed[start:end] for (start, g), end in zip(starts, ends, strict=True)}
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """A class's mutants (``index``, ``mutant``) and correct variants (``index``, ``variant``): its assignment's."""
+    """A class's mutants (``mutant``) and correct variants (``variant``): its assignment's, one test each."""
     a = getattr(metafunc.cls, "ASSIGNMENT", None)
     for name, found in (("mutant", mutants(a) if a else []), ("variant", variants(a) if a else [])):
         if name in metafunc.fixturenames:
-            metafunc.parametrize(("index", name), list(enumerate(found)), ids=[x.name for x in found])
+            metafunc.parametrize(name, found, ids=[x.name for x in found])
 
 
 class Graded(dict):
@@ -78,11 +150,8 @@ def graded(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
         submit(course, student, a, fill_release(release, solution))
     (course / "submitted" / REFERENCE_STUDENTS[1] / a / "expected.npz").write_bytes(b"not the release's")
     submit(course, RELEASE_STUDENT, a, release)
-    for i, m in enumerate(mutants(a)):
-        edit = {m.grade_id: m.apply(answer_cell(solution, m.grade_id))}
-        submit(course, mutant_student(i), a, fill_release(release, solution, edit))
-    for i, v in enumerate(variants(a)):
-        submit(course, variant_student(i), a, fill_release(release, solution, dict(v.answers)))
+    for student in packed(a):
+        submit(course, student.name, a, fill_release(release, solution, student.edits(solution)))
     return Graded(course, batch.grade_class(course, a, client=grading_cluster, progress=False))
 
 
@@ -155,18 +224,29 @@ class Class:
                                 "6 needed"
 
     @pytest.mark.slow
-    def test_mutant_loses_exactly_its_points(self, graded, index, mutant):
-        r = graded[mutant_student(index)]
-        assert r.cells, f"mutant {mutant.name!r} was not graded: {r.error}"
+    def test_mutant_loses_exactly_its_points(self, graded, mutant):
+        """Of its own tasks' cells the mutant's student loses exactly ``breaks``, with no points, and the feedback
+        says the bug in one of them; a cell of no task its mutants answer for keeps every point."""
+        a = self.ASSIGNMENT
+        student = carrier(a, mutant)
+        r = graded[student.name]
+        who = f"mutant {mutant.name!r} (in {student.name} with {[m.name for m in student.mutants]})"
+        assert r.cells, f"{who} was not graded: {r.error}"
         cells = {c.grade_id: c for c in r.cells}
         unknown = mutant.breaks - cells.keys()
         assert not unknown, f"mutant {mutant.name!r} names tests cells that do not exist: {sorted(unknown)}"
         lost = {g for g, c in cells.items() if c.score < c.max_score}
-        assert lost == mutant.breaks, (f"mutant {mutant.name!r}: expected to lose {sorted(mutant.breaks)}, "
-                                       f"lost {sorted(lost)}\n{gradesheet.summary_table([r])}")
+        mine = lost & cells_of(a, [mutant])
+        assert mine == mutant.breaks, (f"{who}: expected to lose {sorted(mutant.breaks)}, lost {sorted(mine)} of its "
+                                       f"tasks' cells\n{gradesheet.summary_table([r])}")
+        stray = lost - cells_of(a, student.mutants + student.variants)  # a variant's cells: its own test's
+        assert not stray, f"{who}: lost {sorted(stray)}, cells of no task its student's mutants answer for: they " \
+                          "interfere (list them APART)"
         assert all(cells[g].score == 0 for g in mutant.breaks), f"partial points for a broken property: {r.cells}"
-        text = feedback_text(graded.course, mutant_student(index), self.ASSIGNMENT)
-        assert mutant.feedback in text, f"mutant {mutant.name!r}: feedback does not say {mutant.feedback!r}"
+        text = feedback_text(graded.course, student.name, a)
+        assert mutant.feedback in text, f"{who}: feedback does not say {mutant.feedback!r}"
+        assert any(mutant.feedback in cells[g].message for g in mutant.breaks), \
+            f"{who}: no cell it breaks says {mutant.feedback!r}: {[cells[g].message for g in mutant.breaks]}"
 
     @pytest.mark.slow
     def test_class_report_groups_each_mutant_with_exactly_its_students(self, graded):
@@ -174,13 +254,13 @@ class Class:
         out = build_report(course, a)
         groups = misconceptions(read_class(course, a))
         found = {(g["task"], frozenset(g["students"])): g for g in groups}
-        names = [m.name for m in mutants(a)]
-        for i, m in enumerate(mutants(a)):
+        by_name = {m.name: m for m in mutants(a)}
+        for m in mutants(a):
             twins = next((same for same in SAME_DIAGNOSIS if m.name in same), {m.name})
-            who = frozenset(mutant_student(names.index(n)) for n in twins)
+            who = frozenset(carrier(a, by_name[n]).name for n in twins)
             group = found.get((m.grade_id.removeprefix("ans_"), who))
             assert group, (f"mutant {m.name!r}: no misconception group of exactly {sorted(who)}; groups with it: "
-                           f"{[g for g in groups if mutant_student(i) in g['students']]}")
+                           f"{[g for g in groups if carrier(a, m).name in g['students']]}")
             assert any(m.feedback in said for said in group["says"].values()), (m.feedback, group)
             assert not m.bug or group["bugs"] == [m.bug], f"mutant {m.name!r} grouped as {group['bugs']}, not {m.bug}"
         assert not [g for g in groups if RELEASE_STUDENT in g["students"]], "a blank answer is no misconception"
@@ -192,9 +272,9 @@ class Class:
         sheet = course / f"grades_{a}.csv"  # the grade sheet names each bug too
         gradesheet.write_csv(list(graded.values()), sheet)
         rows = {r["student"]: r for r in csv.DictReader(open(sheet, newline=""))}
-        for i, m in enumerate(mutants(a)):
-            row = rows[mutant_student(i)]
-            assert not m.bug or f"[bug: {m.bug}]" in row["failed"], (m.name, row["failed"])
+        for m in mutants(a):  # in the entry of a cell it breaks: another mutant of its student may share the bug
+            entries = failed_by_cell(rows[carrier(a, m).name]["failed"], set(task_of(a)))
+            assert not m.bug or any(f"[bug: {m.bug}]" in entries.get(g, "") for g in m.breaks), (m.name, entries)
 
     def test_has_three_correct_variants(self):
         found = variants(self.ASSIGNMENT)
@@ -202,10 +282,15 @@ class Class:
                                 f"tests/mutants/{self.ASSIGNMENT}.py; 3 needed"
 
     @pytest.mark.slow
-    def test_correct_variant_gets_full_marks(self, graded, index, variant):
-        r = graded[variant_student(index)]
+    def test_correct_variant_gets_full_marks(self, graded, variant):
+        """Every point outside the tasks of the mutants it shares a student with (all of them, when it has none):
+        its own cells, and the cells the solution answers."""
+        student = carrier(self.ASSIGNMENT, variant)
+        r = graded[student.name]
         assert r.cells, f"variant {variant.name!r} was not graded: {r.error}"
-        assert r.score == r.max_score, f"correct variant {variant.name!r} lost points:\n{gradesheet.summary_table([r])}"
+        lost = {c.grade_id for c in r.cells if c.score < c.max_score} - cells_of(self.ASSIGNMENT, student.mutants)
+        assert not lost, (f"correct variant {variant.name!r} (in {student.name} with mutants "
+                          f"{[m.name for m in student.mutants]}) lost {sorted(lost)}:\n{gradesheet.summary_table([r])}")
 
     @pytest.mark.slow
     def test_feedback_never_shows_the_hidden_checks(self, graded):
