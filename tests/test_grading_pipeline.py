@@ -47,9 +47,9 @@ def variants(assignment: str) -> list:
     return getattr(importlib.import_module(f"tests.mutants.{assignment}"), "VARIANTS", [])
 
 
-# Mutants that must not share a student although they answer different tasks and break different cells: each
-# pair with the reason. (None so far: every pair that could meet was graded together and kept its own points
-# and words.)
+# Mutants that must not share a student although they answer different tasks and break different cells, each
+# pair with the reason: one makes a cell outside both's ``breaks`` fail, or changes what the other's cells say.
+# (None so far: the students ``packed`` makes were graded, and each mutant kept its own points and words.)
 APART: list[frozenset[str]] = []
 
 
@@ -61,7 +61,7 @@ class Packed:
     mutants: tuple
     variants: tuple
 
-    def edits(self, solution) -> dict[str, str]:
+    def edits(self, solution: nbformat.NotebookNode) -> dict[str, str]:
         """Answer cell -> its source: each mutant applied to the solution's cell, each variant's cells whole."""
         out = {m.grade_id: m.apply(answer_cell(solution, m.grade_id)) for m in self.mutants}
         for v in self.variants:
