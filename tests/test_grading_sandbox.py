@@ -98,11 +98,11 @@ def test_the_sandbox_confines_the_code_and_dies_whole(tmp_path, listener):
 
 @pytest.mark.timeout(120)
 def test_a_worker_that_hangs_is_stopped_at_its_deadline(tmp_path):
-    worker = RemoteSubmission(tmp_path, Limits(seconds=5))
+    worker = RemoteSubmission(tmp_path, Limits(seconds=3))  # the loop spins until then: a short deadline
     try:
-        with pytest.raises(AssertionError, match="ran out of its 5 s"):
+        with pytest.raises(AssertionError, match="ran out of its 3 s"):
             worker.request({"op": "run", "cells": ["import signal\nsignal.alarm(0)\nwhile True:\n    pass"]})
-        with pytest.raises(AssertionError, match="ran out of its 5 s"):
+        with pytest.raises(AssertionError, match="ran out of its 3 s"):
             worker.request({"op": "run", "cells": []})
     finally:
         worker.close()
