@@ -3,7 +3,7 @@ cgroup v2 directory, or none), the cgroup v2 group's files (against a fake cgrou
 has cgroup v1 only), what runs before the baseline, and a class of ps3's memory attacks graded as an
 unprivileged user, where no memory is measured and no memory points are given, and every graded student
 still gets a feedback page.
-(As root on cgroup v1 the same attacks are graded by ``test_grading_adversarial.py``.)
+(As root on cgroup v1 these attacks and ps3's others are graded by ``test_grading_adversarial.py``.)
 """
 
 from __future__ import annotations
@@ -25,9 +25,12 @@ from mha_lab.instructor.classroom import Target
 PS3 = "ps3_memory_efficient"
 NOBODY = 65534
 MEMORY_CELLS = {"head_by_head_forward_memory", "chunked_attention_memory"}
-# ps3's attacks on the memory measurement (tests/adversarial/): all earn at most what naive work earns
+# ps3's attacks on the memory measurement (tests/adversarial/), one for each way in: all earn at most what naive
+# work earns. With nothing measured, ps3_forged_peak would repeat ps3_forged_in_process (tracemalloc forged in the
+# student's process) and ps3_replayed_outputs the root grading (fresh inputs are drawn on any host): the adversarial
+# suite grades both as root
 MEMORY_ATTACKS = ("ps3_forged_in_process", "ps3_forged_reply_frame", "ps3_memory_before_answers", "ps3_ballast_file",
-                  "ps3_replayed_outputs", "ps3_forged_peak", "ps3_peak_in_child")
+                  "ps3_peak_in_child")
 
 
 def _fake_cgroup2(root: Path, writable: bool = True) -> Path:
