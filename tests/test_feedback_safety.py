@@ -93,43 +93,53 @@ def hostile_feedback(tmp_path_factory) -> Path:
     return root / "feedback" / "eve" / "hw" / "hw.html"
 
 
-def _open(page_path: Path, click: str = "") -> dict:
-    """Open a page in headless Chromium, offline, clicking ``click`` if given: what the student's scripts set, the
-    console's errors, the requests that left the disk, frames, text, typeset formulas."""
+@pytest.fixture(scope="module")
+def browser():
+    """One headless Chromium for this module's pages: each page opens in a context of its own (its start costs
+    seconds of CPU)."""
     from playwright.sync_api import sync_playwright
 
-    errors, external = [], []
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        launched = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         try:
-            page = browser.new_page()
-            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-            page.on("pageerror", lambda e: errors.append(str(e)))
-
-            def offline(route):
-                url = route.request.url
-                if not url.startswith(("file://", "data:")):
-                    external.append(url)
-                    return route.abort()
-                return route.continue_()
-
-            page.route("**/*", offline)
-            page.goto(page_path.as_uri(), wait_until="load")
-            if click:
-                page.locator(click).click()
-            page.wait_for_timeout(300)
-            return {"ran": page.evaluate("window.pwned"), "title": page.title(), "errors": errors,
-                    "external": external, "frames": len(page.frames), "text": page.locator("body").inner_text(),
-                    "math": page.locator("math").count(),
-                    "h1": page.locator("h1").first.inner_text() if page.locator("h1").count() else ""}
+            yield launched
         finally:
-            browser.close()
+            launched.close()
+
+
+def _open(browser, page_path: Path, click: str = "") -> dict:
+    """Open a page in headless Chromium, offline, clicking ``click`` if given: what the student's scripts set, the
+    console's errors, the requests that left the disk, frames, text, typeset formulas."""
+    errors, external = [], []
+    page = browser.new_page()  # a new context: no state of another page
+    try:
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e: errors.append(str(e)))
+
+        def offline(route):
+            url = route.request.url
+            if not url.startswith(("file://", "data:")):
+                external.append(url)
+                return route.abort()
+            return route.continue_()
+
+        page.route("**/*", offline)
+        page.goto(page_path.as_uri(), wait_until="load")
+        if click:
+            page.locator(click).click()
+        page.wait_for_timeout(300)
+        return {"ran": page.evaluate("window.pwned"), "title": page.title(), "errors": errors,
+                "external": external, "frames": len(page.frames), "text": page.locator("body").inner_text(),
+                "math": page.locator("math").count(),
+                "h1": page.locator("h1").first.inner_text() if page.locator("h1").count() else ""}
+    finally:
+        page.context.close()
 
 
 @pytest.mark.slow
 @needs_chromium
-def test_no_script_of_the_student_runs_in_the_feedback(hostile_feedback):
-    seen = _open(hostile_feedback, click="#js-link")  # a link the student wrote goes nowhere
+def test_no_script_of_the_student_runs_in_the_feedback(hostile_feedback, browser):
+    seen = _open(browser, hostile_feedback, click="#js-link")  # a link the student wrote goes nowhere
     assert seen["ran"] is None and seen["title"] == "hw", (seen["ran"], seen["title"])
     assert not seen["errors"], seen["errors"]
     assert not seen["external"], seen["external"]  # no image or frame of the student's was fetched
@@ -294,7 +304,7 @@ def test_nbgrader_export_and_similarity_csv_neutralise_ids(tmp_path):
 
 @pytest.mark.slow
 @needs_chromium
-def test_a_hostile_class_graded_for_real_attacks_nobody(tmp_path, monkeypatch):
+def test_a_hostile_class_graded_for_real_attacks_nobody(tmp_path, monkeypatch, grading_cluster, browser):
     """Students ``=2+5`` and ``@SUM(1+1)`` hand in the ``demo`` assignment of test_term, one with a markdown cell
     of scripts and a print of HTML: ``python -m mha_lab grade`` grades both; the grade sheet, the long and
     Canvas exports and similarity.csv hold no formula, and the feedback page runs no script."""
@@ -310,7 +320,8 @@ def test_a_hostile_class_graded_for_real_attacks_nobody(tmp_path, monkeypatch):
     shutil.copy(REPO / "nbgrader_config.py", tmp_path)
     (tmp_path / "solutions" / "demo").mkdir(parents=True)
     nbformat.write(source_notebook(), tmp_path / "solutions" / "demo" / "demo.ipynb")
-    assert course.nbgrader(tmp_path, "db", "assignment", "add", "demo", "--duedate", DUE).returncode == 0
+    with course.gradebook(tmp_path) as gb:  # what `nbgrader db assignment add demo --duedate DUE` does
+        gb.update_or_create_assignment("demo", duedate=DUE)
     release = course.register(tmp_path, "demo")["demo.ipynb"]
     for student in ("=2+5", "@SUM(1+1)"):
         _submit(tmp_path, release, student, GOOD)
@@ -319,7 +330,8 @@ def test_a_hostile_class_graded_for_real_attacks_nobody(tmp_path, monkeypatch):
     nb.cells[1:1] = [nbformat.v4.new_markdown_cell(MARKDOWN),
                      nbformat.v4.new_code_cell(f"print('<img src=x onerror=\"{RUN.format('print')}\">')")]
     nbformat.write(nb, hostile)
-    assert grading_cli.main(["demo", "--course", str(tmp_path), "--jobs", "1", "--timeout", "60"]) == 0
+    assert grading_cli.main(["demo", "--course", str(tmp_path), "--scheduler", grading_cluster.scheduler.address,
+                             "--timeout", "60"]) == 0
     grades = tmp_path / "grades_demo.csv"
     assert _formulas(grades) == []
     with open(grades, newline="") as f:
@@ -335,7 +347,7 @@ def test_a_hostile_class_graded_for_real_attacks_nobody(tmp_path, monkeypatch):
         assert _formulas(written) == [], written
     assert [r[5] for r in csv.reader(open(canvas_out, newline=""))][1:] == ["3", "3"]
     page = tmp_path / "feedback" / "=2+5" / "demo" / "demo.html"
-    seen = _open(page)
+    seen = _open(browser, page)
     assert seen["ran"] is None and seen["title"] == "demo", (seen["ran"], seen["title"])
     assert not seen["errors"] and not seen["external"], (seen["errors"], seen["external"])
     assert "Notes on the loop" in seen["text"] and "onerror=" in seen["text"]  # the print, shown as text
