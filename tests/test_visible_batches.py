@@ -3,7 +3,9 @@
 Each graded function with a batch axis has a mutant wrong only for B > 1 (``BATCH_MUTANTS`` in
 ``tests/mutants/<assignment>.py``). The release, filled with the solution and that one mutant, runs top
 to bottom in a Jupyter kernel, as a student runs it, from its own folder (its ``expected.npz``): the
-tests cells the mutant names must fail there, and the same notebook without the mutant fails none.
+tests cells the mutant names must fail there, and the same notebook without the mutant fails none. The
+kernel's Matplotlib backend is Agg, which renders a figure only when it is saved: no tests cell reads a
+figure, and rendering ps1's and ps2's cost about half a second a run.
 The cases of one assignment share its kernel (a kernel's start costs about a second); each case begins
 with ``%reset -f``, which leaves no name of the case before, as a restart would.
 """
@@ -11,6 +13,7 @@ with ``%reset -f``, which leaves no name of the case before, as a restart would.
 from __future__ import annotations
 
 import importlib
+import os
 from pathlib import Path
 
 import nbformat
@@ -38,7 +41,8 @@ def kernels():
     def kernel(assignment: str) -> KernelManager:
         if assignment not in started:
             started[assignment] = KernelManager(kernel_name="python3")
-            started[assignment].start_kernel(cwd=str(REPO / "assignments" / assignment))
+            started[assignment].start_kernel(cwd=str(REPO / "assignments" / assignment),
+                                             env={**os.environ, "MPLBACKEND": "agg"})
         return started[assignment]
 
     yield kernel
