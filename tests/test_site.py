@@ -1,8 +1,10 @@
 """The built site, checked page by page in headless Chromium, with the network cut off.
 
 The book is built once per session (``built_site`` in conftest.py), served from ``_build/html`` on
-127.0.0.1, and every HTML page is loaded. Requests to any other host are aborted, so the check also
-proves the site works offline (MathJax and mermaid are vendored in ``book/_static/vendor``).
+127.0.0.1, and every HTML page is loaded. Any other host is unreachable from the browser (a request to one fails
+and is reported), so the check also proves the site works offline (MathJax and mermaid are vendored in
+``book/_static/vendor``). The pages share one browser context (and so its HTTP cache), each opened in a tab of
+its own that starts with empty storage, as in a fresh context.
 Pages are read at 1280 px, where the layout checks apply: no code, output, table or display equation
 wider than its column, no raw LaTeX or build plumbing in the text or in any link's text, a summary in
 every chapter and a numbered caption under every figure. Text inside figures is at least 10 pt as
@@ -34,8 +36,14 @@ CHROMIUM_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
     "--disable-component-update", "--disable-sync", "--disable-quic",
 ]
+# The site's browser reaches this machine only: a request to any other host fails at once, in the browser, rather
+# than through a route (intercepting requests would also turn off the HTTP cache the pages share)
+OFFLINE_ARGS = ["--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"]
+# run first in every document of the shared context, so that no page sees what a page before it stored
+FRESH_STORAGE_JS = "try { localStorage.clear(); sessionStorage.clear(); } catch (e) {}"
 WIDTH = 1280
-PHONE_WIDTH = 390
+PHONE_WIDTH = 390  # the phone look: the page as loaded at WIDTH, narrowed to this
+HEIGHT = 900
 SCREENSHOT_PAGES = ["book/intro.html", "book/notation.html", "book/01_intuition.html", "book/02_math.html",
                     "book/03_reshape.html", "book/11_tensor_parallel.html"]
 PHONE_SCREENSHOT_PAGES = ["book/02_math.html", "book/03_reshape.html", "book/11_tensor_parallel.html"]
@@ -177,9 +185,25 @@ def browser():
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        b = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS + OFFLINE_ARGS)
         yield b
         b.close()
+
+
+def site_context(browser):
+    """A browser context for checking many pages one after another (``check_page``): they share its HTTP cache,
+    and each starts with no cookies and empty storage, as in a context of its own."""
+    context = browser.new_context(viewport={"width": WIDTH, "height": HEIGHT})
+    context.add_init_script(FRESH_STORAGE_JS)
+    return context
+
+
+@pytest.fixture(scope="module")
+def site(browser):
+    """The context in which this module's tests read the built site (``site_context``), shared by all of them."""
+    context = site_context(browser)
+    yield context
+    context.close()
 
 
 def site_pages(root: Path) -> list[str]:
@@ -241,27 +265,22 @@ def accessibility_problems(page) -> list[str]:
             f"e.g. {', '.join(v['targets'][:3])}" for v in violations if v["impact"] in AXE_BLOCKING]
 
 
-def check_page(browser, base: str, root: Path, page_path: str, screenshot: Path | None,
-               render_timeout_ms: int = 20_000, width: int = WIDTH,
-               then: Callable[[Any], list[str]] | None = None, audit: bool = True) -> list[str]:
-    """Load one page offline at ``width`` px and return the list of problems found on it, with those ``then``
-    finds when it is handed the page after the checks (and the screenshot), and, with ``audit``, those axe-core
-    finds on the page as ``then`` leaves it (self-checks answered, their answers open)."""
+def check_page(context, base: str, root: Path, page_path: str, screenshot: Path | None,
+               render_timeout_ms: int = 20_000, then: Callable[[Any], list[str]] | None = None,
+               audit: bool = True, phone: Path | None = None) -> list[str]:
+    """Load one page offline at ``WIDTH`` px, in a tab of ``context`` (``site_context``), and return the list of
+    problems found on it, with those ``then`` finds when it is handed the page after the checks (and the screenshot),
+    and, with ``audit``, those axe-core finds on the page as ``then`` leaves it (self-checks answered, their answers
+    open). With ``phone``, the page as loaded is first narrowed to ``PHONE_WIDTH`` px, checked again (all but the
+    sizing rules, which are for the desktop width: at that width this is a look) and shot into ``phone``, then
+    widened back for ``then``."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
-    context = browser.new_context(viewport={"width": width, "height": 900})
-    blocked: list[str] = []
-
-    def only_local(route):
-        if route.request.url.startswith((base + "/", "data:", "blob:")):
-            route.continue_()
-        else:
-            blocked.append(route.request.url)
-            route.abort()
-
-    context.route("**/*", only_local)
+    context.clear_cookies()
     page = context.new_page()
+    blocked: list[str] = []
     errors: list[str] = []
+    page.on("request", lambda r: None if r.url.startswith((base + "/", "data:", "blob:")) else blocked.append(r.url))
     page.on("console", lambda m: errors.append(f"console: {m.text}") if m.type == "error" else None)
     page.on("pageerror", lambda e: errors.append(f"pageerror: {e}"))
     page.on("response", lambda r: errors.append(f"HTTP {r.status}: {r.url}") if r.status >= 400 else None)
@@ -282,15 +301,33 @@ def check_page(browser, base: str, root: Path, page_path: str, screenshot: Path 
         report = page.evaluate(PAGE_REPORT_JS) | page.evaluate(LAYOUT_REPORT_JS)
         if screenshot is not None:
             page.screenshot(path=str(screenshot), full_page=True)
+        if phone is not None:
+            page.set_viewport_size({"width": PHONE_WIDTH, "height": HEIGHT})
+            phone_report = page.evaluate(PAGE_REPORT_JS) | page.evaluate(LAYOUT_REPORT_JS)
+            page.screenshot(path=str(phone), full_page=True)
+            page.set_viewport_size({"width": WIDTH, "height": HEIGHT})
         found = then(page) if then is not None else []
         found += accessibility_problems(page) if audit else []
     except Exception as exc:  # a timeout names the step that never finished
         return [f"{type(exc).__name__}: {str(exc).splitlines()[0]}"] + errors + [f"blocked {u}" for u in blocked]
     finally:
-        context.close()
+        page.close()
 
     problems = list(errors) + found
     problems += [f"request to another host (the site must work offline): {u}" for u in blocked]
+    problems += report_problems(report, base, root, page_path, WIDTH)
+    if phone is not None:
+        sizing = ("wider than the column", "too narrow", "below its natural size", "pt as displayed")
+        narrow = report_problems(phone_report, base, root, page_path, PHONE_WIDTH)
+        problems += [f"at {PHONE_WIDTH} px: {p}" for p in narrow
+                     if p not in problems and not any(s in p for s in sizing)]
+    return problems
+
+
+def report_problems(report: dict, base: str, root: Path, page_path: str, width: int) -> list[str]:
+    """The problems that the page-side reports (``PAGE_REPORT_JS``, ``LAYOUT_REPORT_JS``) of ``page_path``, read at
+    ``width`` px, show."""
+    problems = []
     if not report["title"] or not report["h1"] or not report["h1Visible"]:
         problems.append(f"no visible title (title={report['title']!r}, h1={report['h1']!r})")
     elif report["h1"] not in report["title"] and page_path != "index.html":
@@ -339,7 +376,7 @@ class Pages:
     SHARE = 0
 
     @needs_chromium
-    def test_pages_render_offline(self, built_site: Path, server: str, browser):
+    def test_pages_render_offline(self, built_site: Path, server: str, site):
         """Each page: title shown, math typeset, images loaded, diagrams drawn, no errors, links resolve; on each
         chapter, every self-check answered wrong, then right (``test_selfcheck.chapter_self_checks``)."""
         from test_selfcheck import chapter_self_checks, chapters  # that module imports this one's fixtures
@@ -358,13 +395,9 @@ class Pages:
         failures = {}
         for page_path in pages:
             shot = shots / f"{names[page_path]}.png" if page_path in SCREENSHOT_PAGES else None
+            phone = shots / f"{names[page_path]}_phone.png" if page_path in PHONE_SCREENSHOT_PAGES else None
             then = functools.partial(chapter_self_checks, chapter=page_path) if page_path in with_self_checks else None
-            problems = check_page(browser, server, built_site, page_path, shot, then=then)
-            if page_path in PHONE_SCREENSHOT_PAGES:  # the layout rules are for the desktop width; this is a look
-                phone = shots / f"{names[page_path]}_phone.png"
-                sizing = ("wider than the column", "too narrow", "below its natural size", "pt as displayed")
-                problems += [p for p in check_page(browser, server, built_site, page_path, phone, width=PHONE_WIDTH,
-                                                   audit=False) if not any(s in p for s in sizing)]
+            problems = check_page(site, server, built_site, page_path, shot, then=then, phone=phone)
             if problems:
                 failures[page_path] = problems
         report = "\n".join(f"{page}:\n  " + "\n  ".join(p) for page, p in failures.items())
@@ -388,21 +421,20 @@ def test_every_page_is_in_a_share():
 
 
 @needs_chromium
-def test_math_and_diagrams_are_really_there(built_site: Path, server: str, browser):
+def test_math_and_diagrams_are_really_there(built_site: Path, server: str, site):
     """Guard against a vacuous pass: the notation page has math and two diagrams, and they render."""
-    context = browser.new_context()
-    context.route("**/*", lambda r: r.continue_() if r.request.url.startswith(server) else r.abort())
-    page = context.new_page()
+    page = site.new_page()
     page.goto(f"{server}/book/notation.html", wait_until="load")
     page.evaluate("() => window.MathJax.startup.promise")
     page.wait_for_function("() => document.querySelectorAll('.mermaid svg').length >= 2", timeout=20_000)
     assert page.locator("mjx-container").count() >= 20, "MathJax typeset too little of the notation page"
     assert page.locator(".mermaid svg").count() == 2, "the forward and backward diagrams must both render"
     assert "grad_X" in page.locator(".mermaid").nth(1).inner_text()
-    context.close()
+    page.close()
 
 
-BROKEN_PAGE = """<!DOCTYPE html><html><head><title>Broken</title></head><body><article>
+BROKEN_PAGE = """<!DOCTYPE html><html><head><title>Broken</title>
+<style>@media (max-width: 500px) { h1 { display: none } }</style></head><body><article>
 <h1>Broken</h1>
 <p>Raw math: $$x^2$$</p>
 <img src="missing.png">
@@ -440,7 +472,11 @@ def test_checker_reports_every_kind_of_problem(tmp_path: Path, browser):
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     try:
         base = f"http://127.0.0.1:{httpd.server_address[1]}"
-        problems = "\n".join(check_page(browser, base, tmp_path, "broken.html", None, render_timeout_ms=1000))
+        phone = tmp_path / "phone.png"
+        context = site_context(browser)
+        problems = "\n".join(check_page(context, base, tmp_path, "broken.html", None, render_timeout_ms=1000,
+                                         phone=phone))
+        context.close()
     finally:
         httpd.shutdown()
         httpd.server_close()
@@ -453,6 +489,11 @@ def test_checker_reports_every_kind_of_problem(tmp_path: Path, browser):
                      "display equation wider than the column", "accessibility (axe-core image-alt, critical)",
                      "accessibility (axe-core list, serious)", "accessibility (axe-core color-contrast, serious)"]:
         assert expected in problems, f"the checker missed {expected!r}; it reported:\n{problems}"
+    # the phone look: the page checked again at phone width (where its heading is hidden), and shot at that width
+    assert f"at {PHONE_WIDTH} px: no visible title" in problems, problems
+    assert "no visible title" not in problems.replace(f"at {PHONE_WIDTH} px: no visible title", ""), problems
+    shot_width = int.from_bytes(phone.read_bytes()[16:20], "big")  # the PNG's IHDR; this page's overflow widens it
+    assert PHONE_WIDTH <= shot_width < WIDTH, f"the phone screenshot is {shot_width} px wide"
 
 
 # Sphinx warnings that mean a reader would meet broken content: a cross-reference or citation rendered as
