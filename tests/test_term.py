@@ -65,16 +65,17 @@ def _submit(root: Path, release: nbformat.NotebookNode, student: str, answer: st
 
 
 @pytest.fixture(scope="module")
-def term_course(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    """The course, graded by ``python -m mha_lab grade demo``; returns (root, printed summary)."""
+def term_course(tmp_path_factory: pytest.TempPathFactory, grading_cluster) -> tuple[Path, str]:
+    """The course, graded by ``python -m mha_lab grade demo`` on the shared cluster; returns (root, printed
+    summary)."""
     root = tmp_path_factory.mktemp("term_course")
     (root / "hidden").mkdir()
     (root / "hidden" / "test_demo.py").write_text(HIDDEN)
     (root / "nbgrader_config.py").write_text((REPO / "nbgrader_config.py").read_text() + PENALTY)
     (root / "solutions" / "demo").mkdir(parents=True)
     nbformat.write(source_notebook(), root / "solutions" / "demo" / "demo.ipynb")
-    proc = courses.nbgrader(root, "db", "assignment", "add", "demo", "--duedate", DUE)
-    assert proc.returncode == 0, proc.stderr
+    with courses.gradebook(root) as gb:  # what `nbgrader db assignment add demo --duedate DUE` does, in this process
+        gb.update_or_create_assignment("demo", duedate=DUE)
     release = courses.register(root, "demo")["demo.ipynb"]
     names = {"renamed": ("demo (1).ipynb",), "twofiles": ("a.ipynb", "b.ipynb")}
     for student, (answer, stamp) in CLASS.items():
@@ -86,7 +87,8 @@ def term_course(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     out = io.StringIO()
     with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(out):
         mp.setenv(HIDDEN_DIR_ENV, str(root / "hidden"))
-        assert cli.main(["demo", "--course", str(root), "--jobs", "2", "--timeout", "30"]) == 0
+        assert cli.main(["demo", "--course", str(root), "--scheduler", grading_cluster.scheduler.address,
+                         "--timeout", "30"]) == 0
     return root, out.getvalue()
 
 
@@ -101,12 +103,20 @@ def _rows(path: Path, key: str) -> dict[str, dict[str, str]]:
         return {row[key]: row for row in csv.DictReader(f)}
 
 
-@pytest.mark.slow
-def test_scores_penalties_and_the_nbgrader_export_are_exact(term_course):
-    root, summary = term_course
+@pytest.fixture(scope="module")
+def exported(term_course) -> Path:
+    """The course's ``nbgrader export`` of the graded term, run once for the tests that read it."""
+    root, _ = term_course
     export = root / "export.csv"
     proc = courses.nbgrader(root, "export", "--to", str(export))
     assert proc.returncode == 0, proc.stderr
+    return export
+
+
+@pytest.mark.slow
+def test_scores_penalties_and_the_nbgrader_export_are_exact(term_course, exported):
+    root, summary = term_course
+    export = exported
     columns = ("duedate", "timestamp", "raw_score", "late_submission_penalty", "score", "max_score", "status")
     got = {s: tuple(row[c] for c in columns) for s, row in _rows(export, "student_id").items()}
     due = "2026-11-20 17:00:00"  # the registration kept the due date
@@ -121,7 +131,7 @@ def test_scores_penalties_and_the_nbgrader_export_are_exact(term_course):
         "visible": (due, "2026-11-20 12:00:00", "3.0", "0.0", "3.0", "3.0", "graded"),
         "raises": (due, "2026-11-20 12:00:00", "0.0", "0.0", "0.0", "3.0", "graded"),
         "absent": (due, "", "", "", "", "3.0", "not submitted"),
-    }, proc.stdout
+    }, export.read_text()
     rows = _rows(root / "grades_demo.csv", "student")
     assert {s: (r["status"], r["seconds_late"], r["penalty"], r["final_score"]) for s, r in rows.items()} == {
         "absent": ("not submitted", "", "", ""), "ontime": ("graded", "0.0", "0", "3"),
@@ -153,15 +163,15 @@ def _unnamed(line: str) -> str:
 
 
 @pytest.mark.slow
-def test_nbgrader_export_is_the_stock_export_with_no_score_where_nothing_was_graded(term_course):
+def test_nbgrader_export_is_the_stock_export_with_no_score_where_nothing_was_graded(term_course, exported):
     """The course's ``nbgrader export`` against nbgrader's own plugin on the same gradebook: a graded student's
     line is the stock line plus its status, with no id where a name goes; stock writes 0 for the student it
     could not grade."""
     root, _ = term_course
-    ours, stock = root / "export_ours.csv", root / "export_stock.csv"
-    for to, plugin in ((ours, []), (stock, ["--ExportApp.plugin_class=nbgrader.plugins.export.CsvExportPlugin"])):
-        proc = courses.nbgrader(root, "export", "--to", str(to), *plugin)
-        assert proc.returncode == 0, proc.stderr
+    ours, stock = exported, root / "export_stock.csv"
+    proc = courses.nbgrader(root, "export", "--to", str(stock),
+                            "--ExportApp.plugin_class=nbgrader.plugins.export.CsvExportPlugin")
+    assert proc.returncode == 0, proc.stderr
     stock_lines = stock.read_text().splitlines()
     lines = {line.split(",")[3]: line for line in ours.read_text().splitlines()[1:]}
     assert ours.read_text().splitlines()[0] == stock_lines[0] + ",status"
@@ -174,10 +184,11 @@ def test_nbgrader_export_is_the_stock_export_with_no_score_where_nothing_was_gra
     assert stock_rows["twofiles"]["score"] == "0.0" and "absent" not in stock_rows  # what stock nbgrader writes
     assert {s: (rows[s]["raw_score"], rows[s]["score"], rows[s]["status"]) for s in ("twofiles", "absent")} == \
         {"twofiles": ("", "", "not graded"), "absent": ("", "", "not submitted")}
-    proc = courses.nbgrader(root, "export", "--to", str(ours), "--student", "absent", "--student", "late",
+    some = root / "export_some.csv"
+    proc = courses.nbgrader(root, "export", "--to", str(some), "--student", "absent", "--student", "late",
                             "--assignment", "demo")
     assert proc.returncode == 0, proc.stderr
-    assert {s: r["score"] for s, r in _rows(ours, "student_id").items()} == {"absent": "", "late": "2.4"}
+    assert {s: r["score"] for s, r in _rows(some, "student_id").items()} == {"absent": "", "late": "2.4"}
 
 
 @pytest.mark.slow
