@@ -268,22 +268,30 @@ def accessibility_problems(page) -> list[str]:
 def check_page(context, base: str, root: Path, page_path: str, screenshot: Path | None,
                render_timeout_ms: int = 20_000, then: Callable[[Any], list[str]] | None = None,
                audit: bool = True, phone: Path | None = None) -> list[str]:
-    """Load one page offline at ``WIDTH`` px, in a tab of ``context`` (``site_context``), and return the list of
-    problems found on it, with those ``then`` finds when it is handed the page after the checks (and the screenshot),
-    and, with ``audit``, those axe-core finds on the page as ``then`` leaves it (self-checks answered, their answers
-    open). With ``phone``, the page as loaded is first narrowed to ``PHONE_WIDTH`` px, checked again (all but the
-    sizing rules, which are for the desktop width: at that width this is a look) and shot into ``phone``, then
-    widened back for ``then``."""
+    """Load one page offline at ``WIDTH`` px, in the tab that ``context`` (``site_context``) keeps for them, and
+    return the list of problems found on it, with those ``then`` finds when it is handed the page after the checks
+    (and the screenshot), and, with ``audit``, those axe-core finds on the page as ``then`` leaves it (self-checks
+    answered, their answers open). With ``phone``, the page as loaded is first narrowed to ``PHONE_WIDTH`` px,
+    checked again (all but the sizing rules, which are for the desktop width: at that width this is a look) and shot
+    into ``phone``, then widened back for ``then``. The page is left for a blank one at the end: one tab, and so one
+    renderer process, reads page after page (about half the CPU of a tab each, mostly scripts compiled once), each
+    page a new document that starts with no cookies and empty storage; a tab that failed a check is closed, and the
+    next page gets a new one."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
     context.clear_cookies()
-    page = context.new_page()
+    page = next((p for p in context.pages if p.url == "about:blank"), None) or context.new_page()
     blocked: list[str] = []
     errors: list[str] = []
-    page.on("request", lambda r: None if r.url.startswith((base + "/", "data:", "blob:")) else blocked.append(r.url))
-    page.on("console", lambda m: errors.append(f"console: {m.text}") if m.type == "error" else None)
-    page.on("pageerror", lambda e: errors.append(f"pageerror: {e}"))
-    page.on("response", lambda r: errors.append(f"HTTP {r.status}: {r.url}") if r.status >= 400 else None)
+    listeners = {
+        "request": lambda r: None if r.url.startswith((base + "/", "data:", "blob:")) else blocked.append(r.url),
+        "console": lambda m: errors.append(f"console: {m.text}") if m.type == "error" else None,
+        "pageerror": lambda e: errors.append(f"pageerror: {e}"),
+        "response": lambda r: errors.append(f"HTTP {r.status}: {r.url}") if r.status >= 400 else None,
+    }
+    for event, listener in listeners.items():
+        page.on(event, listener)
+    done = False
     try:
         page.goto(f"{base}/{page_path}", wait_until="load")
         redirect = re.search(r'http-equiv="refresh" content="\d+;\s*url=([^"]+)"', (root / page_path).read_text(), re.I)
@@ -308,10 +316,16 @@ def check_page(context, base: str, root: Path, page_path: str, screenshot: Path 
             page.set_viewport_size({"width": WIDTH, "height": HEIGHT})
         found = then(page) if then is not None else []
         found += accessibility_problems(page) if audit else []
+        done = True
     except Exception as exc:  # a timeout names the step that never finished
         return [f"{type(exc).__name__}: {str(exc).splitlines()[0]}"] + errors + [f"blocked {u}" for u in blocked]
     finally:
-        page.close()
+        for event, listener in listeners.items():
+            page.remove_listener(event, listener)
+        if done:
+            page.goto("about:blank")
+        else:
+            page.close()
 
     problems = list(errors) + found
     problems += [f"request to another host (the site must work offline): {u}" for u in blocked]
