@@ -3,8 +3,8 @@
 The book is built once per session (``built_site`` in conftest.py), served from ``_build/html`` on
 127.0.0.1, and every HTML page is loaded. Any other host is unreachable from the browser (a request to one fails
 and is reported), so the check also proves the site works offline (MathJax and mermaid are vendored in
-``book/_static/vendor``). The pages share one browser context (and so its HTTP cache), each opened in a tab of
-its own that starts with empty storage, as in a fresh context.
+``book/_static/vendor``). The pages share one browser context (and so its HTTP cache) and are read one after
+another in one tab, each a new document that starts with no cookies and empty storage, as in a fresh context.
 Pages are read at 1280 px, where the layout checks apply: no code, output, table or display equation
 wider than its column, no raw LaTeX or build plumbing in the text or in any link's text, a summary in
 every chapter and a numbered caption under every figure. Text inside figures is at least 10 pt as
