@@ -228,6 +228,16 @@ def test_figures_have_log_axes_and_units(results):
         time_vs_length(results, h=3)
 
 
+def test_times_within_one_decade_are_drawn_with_readable_ticks():
+    """A quick run's times may all lie between 0.73 and 1.7 ms: the default log axis then labels too few ticks to
+    read (or, on other spans, its crowded minor ticks), which the style check refuses."""
+    rows = [{"section": "forward", "h": bench.TARGET_H, "impl": impl, "dtype": "float64", "B": 1, "d_model": 32,
+             "L": L, "seconds": s * 1e-3} for impl, times in (("a", (0.73, 0.9, 1.2)), ("b", (0.8, 1.3, 1.7)))
+            for L, s in zip((16, 32, 48), times, strict=True)]
+    ax = time_vs_length({"rows": rows}).axes[0]
+    assert ax.get_yscale() == "log" and len(ax.get_lines()) == 2
+
+
 def test_cli_writes_table_json_and_figures(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(bench, "_grid", lambda quick: dict(TINY, heads=(bench.TARGET_H,)))
     assert cli_main(["bench", "--out", str(tmp_path), "--no-progress"]) == 0

@@ -37,6 +37,7 @@ def _lines(results, section: str, key: str, scale: float, h: int, ylabel: str, t
     Ls = sorted({r["L"] for r in rows})
     ax.set_xticks(Ls, [str(L) for L in Ls])
     ax.xaxis.set_minor_formatter(NullFormatter())  # label only the measured lengths
+    log_ticks(ax.yaxis)  # a quick run's times may span less than a decade: no crowded minor labels
     ax.grid(True, which="major", alpha=0.3)
     legend_outside(ax, "below", ncol=2)  # long names: beside the plot the legend would be as large as the plot
     return check(fig)
