@@ -1,5 +1,6 @@
 """A grading run starts no Dask dashboard unless asked (``--dashboard``): none is served, no port of the machine is
-taken, and a taken :8787 (another cluster's dashboard) brings no warning."""
+taken, a taken :8787 (another cluster's dashboard) brings no warning, and no worker runs the profiler that only the
+dashboard shows."""
 
 from __future__ import annotations
 
@@ -33,6 +34,8 @@ def test_no_dashboard_and_no_warning_when_its_port_is_taken():
                 except urllib.error.HTTPError as exc:
                     reply = exc.code
                 assert reply == 404, "the scheduler serves Dask's dashboard though none was asked for"
+                profiling = client.run(lambda dask_worker: "profile" in dask_worker.periodic_callbacks)
+                assert list(profiling.values()) == [False], "a worker samples its thread for a dashboard nobody sees"
     finally:
         taken.close()
     said = [str(w.message) for w in caught if "already in use" in str(w.message)]

@@ -273,10 +273,12 @@ def dask_client(jobs: int = 2, scheduler: str | None = None, *, dashboard: bool 
     # which has imported distributed and NumPy once: a worker spawned afresh imported them itself (0.6 s each,
     # for every worker of every class graded, and for each one restarted because its judging hung). The server
     # keeps the environment it started with: each worker is given this process's environment as it is now.
+    # Without a dashboard nobody reads the statistical profiler, which samples each worker's thread every 10 ms.
     with dask.config.set({"distributed.scheduler.allowed-failures": 1, "distributed.scheduler.worker-saturation": 1.0,
                           "distributed.worker.daemon": False,
                           "distributed.worker.multiprocessing-method": "forkserver",
-                          **({} if dashboard else {"distributed.scheduler.http.routes": []})}):
+                          **({} if dashboard else {"distributed.scheduler.http.routes": [],
+                                                   "distributed.worker.profile.enabled": False})}):
         quiet = {"dashboard_address": ":8787"} if dashboard else {
             "dashboard_address": None, "scheduler_kwargs": {"dashboard_address": "127.0.0.1:0"}}
         with Client(scheduler) if scheduler else Client(n_workers=jobs, threads_per_worker=1, processes=True,
