@@ -122,7 +122,7 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stri
         start_n = tl.multiple_of(start_n, BLOCK_N)
         cols = start_n + offs_n  # key positions of this block
         k = load_tile(k_base + cols[:, None] * stride_kn + offs_d[None, :] * stride_kd,
-                       cols, L, offs_d, HEAD_DIM, MASKED, PAD_D)  # (BLOCK_N, BLOCK_D)
+                      cols, L, offs_d, HEAD_DIM, MASKED, PAD_D)  # (BLOCK_N, BLOCK_D)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION, out_dtype=acc.dtype)  # (BLOCK_M, BLOCK_N)
         if MASKED:
             keep = cols[None, :] < L  # (1, BLOCK_N)
@@ -136,7 +136,7 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stri
         alpha = tl.math.exp2(m_i - m_new)  # rescales what was accumulated under the old maximum
         l_i = l_i * alpha + tl.sum(p, 1)
         v = load_tile(v_base + cols[:, None] * stride_vn + offs_d[None, :] * stride_vd,
-                       cols, L, offs_d, HEAD_DIM, MASKED, PAD_D)  # (BLOCK_N, BLOCK_D)
+                      cols, L, offs_d, HEAD_DIM, MASKED, PAD_D)  # (BLOCK_N, BLOCK_D)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION, out_dtype=acc.dtype)
         m_i = m_new
     return acc, l_i, m_i
@@ -168,7 +168,7 @@ def _attn_fwd(Q, K, V, Out, LSE, sm_scale,
     offs_d = tl.arange(0, BLOCK_D)
     # the query tile stays in registers/shared memory for the whole loop
     q = load_tile(q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
-                   offs_m, L, offs_d, HEAD_DIM, True, PAD_D)  # (BLOCK_M, BLOCK_D)
+                  offs_m, L, offs_d, HEAD_DIM, True, PAD_D)  # (BLOCK_M, BLOCK_D)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=ACC)  # running row maximum (base-2 units)
     l_i = tl.zeros([BLOCK_M], dtype=ACC)  # running softmax denominator
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=ACC)  # running unnormalised output

@@ -89,11 +89,11 @@ def _bwd_preprocess(Out, DO, Delta, stride_ob, stride_oh, stride_om, stride_od,
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     o = load_tile(Out + off_b.to(tl.int64) * stride_ob + off_h.to(tl.int64) * stride_oh
-                   + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
-                   offs_m, L, offs_d, HEAD_DIM, True, PAD_D)  # (BLOCK_M, BLOCK_D)
+                  + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
+                  offs_m, L, offs_d, HEAD_DIM, True, PAD_D)  # (BLOCK_M, BLOCK_D)
     do = load_tile(DO + off_b.to(tl.int64) * stride_dob + off_h.to(tl.int64) * stride_doh
-                    + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
-                    offs_m, L, offs_d, HEAD_DIM, True, PAD_D)  # (BLOCK_M, BLOCK_D)
+                   + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
+                   offs_m, L, offs_d, HEAD_DIM, True, PAD_D)  # (BLOCK_M, BLOCK_D)
     delta = tl.sum(o.to(Delta.dtype.element_ty) * do.to(Delta.dtype.element_ty), 1)  # (BLOCK_M,)
     tl.store(Delta + off_bh.to(tl.int64) * L + offs_m, delta, mask=offs_m < L)
 
@@ -123,7 +123,7 @@ def _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_
         start_m = tl.multiple_of(start_m, BLOCK_M)
         rows = start_m + offs_m  # query positions of this block
         q = load_tile(q_base + rows[:, None] * stride_qm + offs_d[None, :] * stride_qd,
-                       rows, L, offs_d, HEAD_DIM, MASKED, PAD_D)  # (BLOCK_M, BLOCK_D)
+                      rows, L, offs_d, HEAD_DIM, MASKED, PAD_D)  # (BLOCK_M, BLOCK_D)
         lse = _load_rows(lse_base, rows, L, MASKED)  # (BLOCK_M,), base-2 units
         qk_t = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION, out_dtype=dk.dtype)  # (BLOCK_N, BLOCK_M)
         p_t = tl.math.exp2(qk_t * qk_scale - lse[None, :])  # P^T, rebuilt from the saved log-sum-exp
@@ -133,7 +133,7 @@ def _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_
                 keep = keep & (rows[None, :] >= offs_n[:, None])  # (BLOCK_N, BLOCK_M)
             p_t = tl.where(keep, p_t, 0.0)
         do = load_tile(do_base + rows[:, None] * stride_dom + offs_d[None, :] * stride_dod,
-                        rows, L, offs_d, HEAD_DIM, MASKED, PAD_D)  # (BLOCK_M, BLOCK_D)
+                       rows, L, offs_d, HEAD_DIM, MASKED, PAD_D)  # (BLOCK_M, BLOCK_D)
         dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=DOT_PRECISION, out_dtype=dv.dtype)
         dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION, out_dtype=dk.dtype)  # (BLOCK_N, BLOCK_M)
         delta = _load_rows(delta_base, rows, L, MASKED)  # (BLOCK_M,)
@@ -167,11 +167,11 @@ def _bwd_dkdv(Q, K, V, DO, DK, DV, LSE, Delta, sm_scale,
     offs_n = start_n + tl.arange(0, BLOCK_N)  # key positions of this block
     offs_d = tl.arange(0, BLOCK_D)
     k = load_tile(K + off_b.to(tl.int64) * stride_kb + off_h_kv.to(tl.int64) * stride_kh
-                   + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd,
-                   offs_n, L, offs_d, HEAD_DIM, True, PAD_D)  # (BLOCK_N, BLOCK_D)
+                  + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd,
+                  offs_n, L, offs_d, HEAD_DIM, True, PAD_D)  # (BLOCK_N, BLOCK_D)
     v = load_tile(V + off_b.to(tl.int64) * stride_vb + off_h_kv.to(tl.int64) * stride_vh
-                   + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
-                   offs_n, L, offs_d, HEAD_DIM, True, PAD_D)  # (BLOCK_N, BLOCK_D)
+                  + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
+                  offs_n, L, offs_d, HEAD_DIM, True, PAD_D)  # (BLOCK_N, BLOCK_D)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC)
     qk_scale = tl.full([], sm_scale * 1.4426950408889634, ACC)  # s log2(e): scores in base-2 units
@@ -223,7 +223,7 @@ def _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_kd, s
         start_n = tl.multiple_of(start_n, BLOCK_N)
         cols = start_n + offs_n  # key positions of this block
         k = load_tile(k_base + cols[:, None] * stride_kn + offs_d[None, :] * stride_kd,
-                       cols, L, offs_d, HEAD_DIM, MASKED, PAD_D)  # (BLOCK_N, BLOCK_D)
+                      cols, L, offs_d, HEAD_DIM, MASKED, PAD_D)  # (BLOCK_N, BLOCK_D)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION, out_dtype=dq.dtype)  # (BLOCK_M, BLOCK_N)
         p = tl.math.exp2(qk * qk_scale - lse[:, None])
         if MASKED:
@@ -232,7 +232,7 @@ def _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_kd, s
                 keep = keep & (offs_m[:, None] >= cols[None, :])  # (BLOCK_M, BLOCK_N)
             p = tl.where(keep, p, 0.0)
         v = load_tile(v_base + cols[:, None] * stride_vn + offs_d[None, :] * stride_vd,
-                       cols, L, offs_d, HEAD_DIM, MASKED, PAD_D)  # (BLOCK_N, BLOCK_D)
+                      cols, L, offs_d, HEAD_DIM, MASKED, PAD_D)  # (BLOCK_N, BLOCK_D)
         dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION, out_dtype=dq.dtype)  # (BLOCK_M, BLOCK_N)
         ds = p * (dp - delta[:, None])
         dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PRECISION, out_dtype=dq.dtype)
@@ -260,11 +260,11 @@ def _bwd_dq(Q, K, V, DO, DQ, LSE, Delta, sm_scale,
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     q = load_tile(Q + off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * stride_qh
-                   + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
-                   offs_m, L, offs_d, HEAD_DIM, True, PAD_D)  # (BLOCK_M, BLOCK_D)
+                  + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+                  offs_m, L, offs_d, HEAD_DIM, True, PAD_D)  # (BLOCK_M, BLOCK_D)
     do = load_tile(DO + off_b.to(tl.int64) * stride_dob + off_h.to(tl.int64) * stride_doh
-                    + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
-                    offs_m, L, offs_d, HEAD_DIM, True, PAD_D)  # (BLOCK_M, BLOCK_D)
+                   + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
+                   offs_m, L, offs_d, HEAD_DIM, True, PAD_D)  # (BLOCK_M, BLOCK_D)
     lse = _load_rows(LSE + off_bh.to(tl.int64) * L, offs_m, L, True)  # (BLOCK_M,), base-2 units
     delta = _load_rows(Delta + off_bh.to(tl.int64) * L, offs_m, L, True)  # (BLOCK_M,)
     k_base = K + off_b.to(tl.int64) * stride_kb + off_h_kv.to(tl.int64) * stride_kh
