@@ -88,6 +88,7 @@ def _rows_by_index(index: np.ndarray, rows: np.ndarray, n: int) -> np.ndarray:
     cells = (index[..., None] * d + np.arange(d)).ravel()  # (B * L * d,): out's flat cell of each entry
     return np.bincount(cells, weights=rows.ravel(), minlength=n * d).reshape(n, d)
 
+
 class ToyModel:
     r"""Letter, digit and position embeddings, one causal MHA layer, two linear readouts.
 

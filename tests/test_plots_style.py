@@ -58,7 +58,6 @@ def test_small_text_is_refused_at_save_time():
         to_svg(fig)
 
 
-
 def test_a_checked_figure_is_checked_again_once_changed(monkeypatch):
     from mha_lab.plots import style
 
@@ -71,6 +70,7 @@ def test_a_checked_figure_is_checked_again_once_changed(monkeypatch):
     with pytest.raises(FigureStyleError, match="text below 10 pt.*'tiny'"):
         to_svg(fig)
     assert layouts == [fig]
+
 
 def test_a_legend_on_the_data_is_refused_and_outside_is_fine():
     fig, ax = new_figure(3)

@@ -61,7 +61,7 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:  # another user's process has that id now
-        return True
+        pass
     return True
 
 
