@@ -47,12 +47,6 @@ def variants(assignment: str) -> list:
     return getattr(importlib.import_module(f"tests.mutants.{assignment}"), "VARIANTS", [])
 
 
-# Mutants that must not share a student although they answer different tasks and break different cells, each
-# pair with the reason: one makes a cell outside both's ``breaks`` fail, or changes what the other's cells say.
-# (None so far: the students ``packed`` makes were graded, and each mutant kept its own points and words.)
-APART: list[frozenset[str]] = []
-
-
 @dataclass(frozen=True)
 class Packed:
     """One student of the class: the mutants and correct variants it hands in, no two answering the same task."""
@@ -93,12 +87,12 @@ def cells_of(assignment: str, items) -> set[str]:
 @functools.cache
 def packed(assignment: str) -> tuple[Packed, ...]:
     """The class's mutants, then its correct variants, each put into the first student (in order) none of whose
-    tasks it answers, whose broken cells it does not break, and that holds no mutant ``APART`` from it."""
+    tasks it answers and whose broken cells it does not break. Packed so, no mutant changes another's points or
+    words (``test_mutant_loses_exactly_its_points`` fails on a cell lost outside its student's tasks)."""
     students: list[dict] = []  # {"items": its mutants and variants, "tasks": they answer, "breaks": they break}
     for item in [*mutants(assignment), *variants(assignment)]:
         tasks, breaks = claims(assignment, item)
-        s = next((s for s in students if not (tasks & s["tasks"] or breaks & s["breaks"])
-                  and all(frozenset({item.name, o.name}) not in APART for o in s["items"])), None)
+        s = next((s for s in students if not (tasks & s["tasks"] or breaks & s["breaks"])), None)
         if s is None:
             students.append(s := {"items": [], "tasks": set(), "breaks": set()})
         s["items"].append(item)
@@ -241,7 +235,7 @@ class Class:
                                        f"tasks' cells\n{gradesheet.summary_table([r])}")
         stray = lost - cells_of(a, student.mutants + student.variants)  # a variant's cells: its own test's
         assert not stray, f"{who}: lost {sorted(stray)}, cells of no task its student's mutants answer for: they " \
-                          "interfere (list them APART)"
+                          "interfere"
         assert all(cells[g].score == 0 for g in mutant.breaks), f"partial points for a broken property: {r.cells}"
         text = feedback_text(graded.course, student.name, a)
         assert mutant.feedback in text, f"{who}: feedback does not say {mutant.feedback!r}"
