@@ -2,7 +2,8 @@
 
 The site's browser check audits every built page with axe-core; this test shows, without a browser, that the
 corrections are made as Sphinx writes the page: bibliography entries are list items (not the deprecated
-``doc-biblioentry``), and a folded code cell's summary is named by the prompt it shows.
+``doc-biblioentry``), a folded code cell's summary is named by the prompt it shows, and the site's root page,
+which forwards to the first, is a whole document.
 """
 
 from __future__ import annotations
@@ -65,3 +66,26 @@ def test_bibliography_entries_are_list_items_and_folded_cells_are_named_by_their
     citations, cell, _ = build(tmp_path / "plain", ["myst_nb"])
     assert 'role="doc-biblioentry"' in citations
     assert '<summary aria-label="Toggle hidden content">' in cell
+
+
+def test_the_root_page_that_forwards_to_the_first_page_has_a_language_a_title_and_the_icon(tmp_path):
+    """Where the first page is not ``index``, the site's address serves a page that forwards to it: a whole
+    document, so that it passes the audit and the browser asks for the site's icon, not a missing /favicon.ico."""
+    src = tmp_path / "src"
+    (src / "_static").mkdir(parents=True)
+    (src / "_static" / "favicon.svg").write_text('<svg xmlns="http://www.w3.org/2000/svg"/>')
+    (src / "intro.rst").write_text("Welcome\n=======\n\nThe first page.\n")
+    (src / "conf.py").write_text(f"import sys\nsys.path.insert(0, {str(REPO / 'book' / '_ext')!r})\n"
+                                 "extensions = ['myst_nb', 'accessible_html']\nroot_doc = 'intro'\n"
+                                 "html_title = 'A & B'\nhtml_favicon = '_static/favicon.svg'\nlanguage = 'en'\n")
+    warnings = io.StringIO()
+    Sphinx(str(src), str(src), str(tmp_path / "html"), str(tmp_path / ".doctrees"), "html", status=None,
+           warning=warnings, freshenv=True).build()
+    assert not own_warnings(warnings.getvalue())
+    root = (tmp_path / "html" / "index.html").read_text()
+    assert root.startswith("<!DOCTYPE html>\n<html lang=\"en\">"), root
+    assert "<title>A &amp; B</title>" in root
+    icon = re.search(r'<link rel="icon" href="([^"]+)">', root).group(1)
+    assert (tmp_path / "html" / icon).is_file(), icon
+    assert '<meta http-equiv="Refresh" content="0; url=intro.html">' in root
+    assert '<a href="intro.html">' in root

@@ -11,11 +11,18 @@ the reader's browser:
 - A folded code cell (``hide-input``). myst-nb names its ``<summary>`` "Toggle hidden content" with an
   ``aria-label`` while it shows "Show code cell source": a speech user who says what they see cannot
   reach it (WCAG 2.5.3, label in name). Without the label, the visible text is the name.
+- The site's root page. When the book's first page is not ``index``, sphinx-external-toc writes ``index.html``
+  as one bare ``<meta http-equiv="Refresh">``: no language (WCAG 3.1.1), no title (2.4.2), and no icon, so
+  the browser asks the server for ``/favicon.ico`` and logs a 404 on every visit to the site's address. It is
+  written here as a whole document first, which that hook then leaves as it is.
 
 The theme's own buttons that failed the same criterion are overridden in ``book/_templates``.
 """
 
 from __future__ import annotations
+
+import html
+from pathlib import Path
 
 from docutils import nodes
 from myst_nb.sphinx_ import HideCodeCellNode, depart_HideCellInput, visit_HideCellInput
@@ -45,8 +52,40 @@ def visit_hidden_cell(self: HTML5Translator, node: HideCodeCellNode) -> None:
     self.body[at] = "<summary>\n"
 
 
+ROOT_PAGE = """<!DOCTYPE html>
+<html lang="{language}">
+<head>
+<meta charset="utf-8">
+<title>{title}</title>
+<link rel="icon" href="{icon}">
+<meta http-equiv="Refresh" content="0; url={url}">
+</head>
+<body><p><a href="{url}">{title}</a></p></body>
+</html>
+"""
+
+
+def write_root_page(app: Sphinx, exception: Exception | None) -> None:
+    """``index.html`` at the site's root, forwarding to the first page, as a document with a language, a title
+    and the site's icon (only where the first page is not ``index`` itself)."""
+    if exception is not None or app.builder.format != "html" or app.config.root_doc == "index":
+        return
+    favicon = app.config.html_favicon
+    if not favicon:
+        icon = "data:,"  # an empty icon: the browser asks the server for none
+    elif "://" in favicon:
+        icon = favicon
+    else:
+        icon = f"_static/{Path(favicon).name}"  # where Sphinx copies html_favicon
+    title = app.config.html_title or app.config.project
+    page = ROOT_PAGE.format(language=app.config.language or "en", title=html.escape(title), icon=html.escape(icon),
+                            url=html.escape(app.builder.get_target_uri(app.config.root_doc)))
+    Path(app.outdir, "index.html").write_text(page, encoding="utf-8")
+
+
 def setup(app: Sphinx) -> dict:
     app.setup_extension("myst_nb")  # its visitor for folded cells is the one replaced here
     app.add_node(nodes.citation, override=True, html=(visit_citation, HTML5Translator.depart_citation))
     app.add_node(HideCodeCellNode, override=True, html=(visit_hidden_cell, depart_HideCellInput))
+    app.connect("build-finished", write_root_page, priority=400)  # before sphinx-external-toc's (500)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
