@@ -91,8 +91,9 @@ def student_environment() -> tuple[Path, tuple[Path, ...]]:
             continue
         seen.add(name)
         todo += [re.match(r"[A-Za-z0-9_.-]+", r).group() for r in dist.requires or [] if "extra ==" not in r]
-        paths |= {Path(dist.locate_file(f.parts[0])).resolve() for f in dist.files or []
-                  if f.parts[0] not in ("..", "__pycache__") and not f.parts[0].endswith(".pth")}
+        tops = {f.parts[0] for f in dist.files or []}  # a distribution's files lie under a few top-level names
+        paths |= {Path(dist.locate_file(top)).resolve() for top in tops
+                  if top not in ("..", "__pycache__") and not top.endswith(".pth")}
     site = Path(metadata.distribution("numpy").locate_file("")).resolve()
     return site, tuple(sorted(p for p in paths if p.parent == site and p.exists()))
 
