@@ -1,5 +1,8 @@
 """Measurement: interleaved timing, peak memory of NumPy and torch, growth exponents, thread control."""
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -127,18 +130,15 @@ def test_torch_ops_called_names_the_operators_that_ran():
     assert "aten::repeat_interleave" in torch_ops_called(lambda: torch.ones(2).repeat_interleave(2))
 
 
-
 def test_the_profiler_measurements_leave_torch_inductor_unimported():
     pytest.importorskip("torch")
-    import subprocess
-    import sys
-
     code = ("import sys, torch\n"
             "from mha_lab.measure import torch_ops_called, torch_peak_memory\n"
             "torch_peak_memory(lambda: torch.ones(8)); torch_ops_called(lambda: torch.ones(8))\n"
             "assert 'torch._inductor' not in sys.modules, 'the profiler imported torch._inductor'\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
+
 
 def test_the_read_matrix_is_twice_the_last_level_cache_within_bounds(monkeypatch):
     from mha_lab import measure
